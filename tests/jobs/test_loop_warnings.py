@@ -74,6 +74,10 @@ CALLS: list[tuple[str, str, Callable[[int], Any]]] = [
     ("jobs.get_group()", "jobs.aget_group()", lambda _: jobs.get_group(1)),
     ("jobs.group_members()", "jobs.agroup_members()", lambda _: jobs.group_members(1)),
     ("jobs.workflows.get()", "jobs.workflows.aget()", lambda job_id: jobs.workflows.get(job_id)),
+    # A test's helpers: drain() holds the loop while every due job runs (a job that calls back
+    # into a server on that loop waits for its timeout), clear() for its round trips.
+    ("jobs.drain()", "jobs.adrain()", lambda _: jobs.drain()),
+    ("jobs.clear()", "jobs.aclear()", lambda _: jobs.clear()),
 ]
 
 

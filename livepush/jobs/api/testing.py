@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 
 from ... import api, loops
+from ...blocking import warn_if_on_event_loop
 from ...config import get_settings
 from ...errors import ArgumentTypeError, ArgumentValueError, ConfigError, DependencyError
 from ...tasks import reraise_if_cancelled
@@ -158,7 +159,9 @@ async def _drain_on_its_own_loop(queues: Sequence[str] | None, registry: Registr
 def drain(queues: Sequence[str] | None = None, *, registry: Registry = REGISTRY,
           max_jobs: int | None = None) -> dict[str, int]:
     """Run every due job in this process, one at a time, until none is due; counts by outcome.
-    Works from sync code and from inside a running event loop (it then uses a thread)."""
+    Works from sync code and from inside a running event loop (it then uses a thread, and holds
+    that loop until every job ran: said once, as every sync call with an async twin says it)."""
+    warn_if_on_event_loop("jobs.drain()", "jobs.adrain()")
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -198,6 +201,7 @@ def _clear_statements(call: str) -> list[str]:
 def clear() -> None:
     """Delete every job, group, workflow run and runtime row, paused queue and periodic job's
     newest tick. Refuses unless LIVEPUSH_ENV=test."""
+    warn_if_on_event_loop("jobs.clear()", "jobs.aclear()")
     statements = _clear_statements("clear")
     with database.connection() as conn:
         for statement in statements:
