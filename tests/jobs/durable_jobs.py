@@ -154,6 +154,25 @@ def misused_sync(ctx: Any, how: str) -> Any:
     return ctx.checkpoint("not callable", 5)
 
 
+@jobs.job(name="d.forgets_await", max_attempts=3, backoff=lambda attempt: 0.0)
+async def forgets_await(ctx: Any, how: str) -> str:
+    """A durable call (or ctx.group.enqueue) whose `await` was forgotten, as is easy in an async
+    job: the call never runs, and the job returns as if it had."""
+    if how == "checkpoint":
+        ctx.checkpoint("charge", body, ctx, "charge")
+    elif how == "child":
+        ctx.run_child(child.request(1))
+    elif how == "sleep":
+        ctx.sleep("nap", 0)
+    elif how == "group add":
+        ctx.group.enqueue(child, 2)
+    elif how == "awaited later":
+        charge = ctx.checkpoint("charge", body, ctx, "charge")  # made first, awaited below: no mistake
+        await asyncio.sleep(0)
+        await charge
+    return "returned"
+
+
 MISUSES = ("input not JSON", "empty name", "empty name in a task group", "negative sleep", "sleep of a str", "negative timeout", "not callable",
            "children of an int", "own ValueError", "jobs.signal of an empty name")
 

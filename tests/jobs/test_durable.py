@@ -519,6 +519,39 @@ async def test_a_durable_call_given_what_it_does_not_take_fails_naming_it(
     assert says in (failed.error or ""), failed.error
 
 
+@pytest.mark.parametrize("how, call", [
+    ("checkpoint", "ctx.checkpoint('charge')"),
+    ("child", "ctx.run_child()"),
+    ("sleep", "ctx.sleep('nap')"),
+    ("group add", "ctx.group.enqueue()"),
+])
+async def test_a_durable_call_whose_await_was_forgotten_fails_the_job_at_once_naming_it(
+        durable_db: str, how: str, call: str) -> None:
+    """An async job that calls ctx.checkpoint (or another durable call, or ctx.group.enqueue)
+    without `await` made a coroutine that never ran: the charge never happened, the child was
+    never created. The job returned as if they had and succeeded; it fails at once instead
+    (every attempt would forget the same await), naming the call and the fix."""
+    with jobs.group() as g:  # a member, so that ctx.group.enqueue has a group to add to
+        g.enqueue(dj.forgets_await, how)
+    (h,) = g.members
+    async with running():
+        failed = await wait_state(h.id, "failed")
+    assert failed.attempt == 1, failed.error
+    assert (failed.error or "").startswith(f"InvalidResultError: d.forgets_await returned without awaiting {call}"), \
+        failed.error
+    assert "write `await ctx." in (failed.error or ""), failed.error
+    assert bodies(durable_db, h.id) == []
+    assert q(durable_db, "SELECT count(*) FROM livepush_jobs WHERE name = 'd.child'") == [(0,)]
+
+
+async def test_a_durable_call_made_first_and_awaited_later_is_no_forgotten_await(durable_db: str) -> None:
+    async with running():
+        h = await dj.forgets_await.aenqueue("awaited later")
+        done = await wait_state(h.id, "succeeded")
+    assert done.result == "returned"
+    assert bodies(durable_db, h.id) == ["charge"]
+
+
 @pytest.mark.parametrize("how", [m for m in dj.MISUSES if m not in ("own ValueError", "jobs.signal of an empty name")])
 async def test_a_durable_call_made_wrongly_fails_the_job_at_once(durable_db: str, how: str) -> None:
     """A durable call refusing its own arguments (input= not JSON, a bad name, bad seconds, ...)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from datetime import datetime
 from typing import Any, Never
 
@@ -76,11 +76,17 @@ class GroupContext:
     def _url(self) -> str:
         return getattr(self._ctx, "_url", None) or database.database_url()
 
-    async def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None,
-                      at: datetime | None = None, key: str | None = None,
-                      tags: Sequence[str] | None = None, **unknown: Never) -> JobHandle:
+    def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None,
+                at: datetime | None = None, key: str | None = None,
+                tags: Sequence[str] | None = None, **unknown: Never) -> Coroutine[Any, Any, JobHandle]:
         """Add a member to this job's group; returns its handle once committed. With `key=` held
         by an unfinished job, that job's handle is returned and it is not a member."""
+        call = self._enqueue(fn, *args, wait=wait, at=at, key=key, tags=tags, **unknown)
+        track = getattr(self._ctx, "_track", None)  # the job's ctx: it finds an add whose await was forgotten
+        return track(call, "ctx.group.enqueue()") if track is not None else call
+
+    async def _enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None, at: datetime | None,
+                       key: str | None, tags: Sequence[str] | None, **unknown: Never) -> JobHandle:
         if self._is_callback:
             raise GroupClosedError(f"this callback runs after group {self.id} finished: it takes no more members "
                                    "(enqueue a job of your own, or start a new group)")

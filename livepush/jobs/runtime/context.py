@@ -16,11 +16,11 @@ import inspect
 import math
 import time
 from datetime import datetime
-from collections.abc import Awaitable, Callable, Generator, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from typing import Any, Protocol
 
 from ...postgres.text import storable_text
-from ..errors import InvalidProgressError, JobCancelled
+from ..errors import InvalidProgressError, InvalidResultError, JobCancelled
 from ...types import Seconds
 from ..api.registry import JobRequest
 from ..durable.fingerprint import NO_INPUT
@@ -128,6 +128,10 @@ class JobContext:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             self._loop = None
+        # The durable calls (and ctx.group.enqueue) made on the loop, each with how to name it:
+        # one whose `await` was forgotten never runs, and the run's end finds it (_forgotten).
+        self._made: list[tuple[Coroutine[Any, Any, Any], str]] = []
+        self._made_limit = _MADE_PRUNE
 
     @property
     def group(self) -> Any:
@@ -146,37 +150,86 @@ class JobContext:
             self._durable = DurableRun(self)
         return self._durable
 
-    async def checkpoint(self, name: str, fn: Callable[..., Any], *args: Any, input: Any = NO_INPUT) -> Any:
+    def checkpoint(self, name: str, fn: Callable[..., Any], *args: Any,
+                   input: Any = NO_INPUT) -> Coroutine[Any, Any, Any]:
         """Run `fn(*args)` (sync or async) once for this job, whatever the replays: the first
         success stores its result (JSON), every later run returns that without calling `fn`.
         `input=`: its fingerprint is stored too, and a replay given a different one raises
         CheckpointInputConflict before `fn` runs."""
+        return self._track(self._checkpoint(name, fn, *args, input=input), f"ctx.checkpoint({name!r:.60})")
+
+    async def _checkpoint(self, name: str, fn: Callable[..., Any], *args: Any, input: Any) -> Any:
         return await self._durable_calls.checkpoint(name, fn, *args, input=input)
 
-    async def run_child(self, request: JobRequest) -> Any:
+    def run_child(self, request: JobRequest) -> Coroutine[Any, Any, Any]:
         """Run a child job (`some_job.request(*args)`, on this job's queue unless the request names
         one) and return its result. Parks this job until the child has finished; raises ChildFailed
         if it did not succeed."""
+        return self._track(self._run_child(request), "ctx.run_child()")
+
+    async def _run_child(self, request: JobRequest) -> Any:
         from ..durable.run import child_asked
 
         return (await self._durable_calls.run_children([child_asked(request)]))[0]
 
-    async def run_children(self, requests: Iterable[JobRequest]) -> list[Any]:
+    def run_children(self, requests: Iterable[JobRequest]) -> Coroutine[Any, Any, list[Any]]:
         """Run child jobs as a task group and return their results, in order. Parks this job until
         every child has finished; raises ChildFailed naming those that did not succeed."""
+        return self._track(self._run_children(requests), "ctx.run_children()")
+
+    async def _run_children(self, requests: Iterable[JobRequest]) -> list[Any]:
         return await self._durable_calls.run_children(requests)
 
-    async def wait_for_signal(self, name: str, timeout: Seconds | None = None) -> Any:
+    def wait_for_signal(self, name: str, timeout: Seconds | None = None) -> Coroutine[Any, Any, Any]:
         """The data of the next signal `name` sent to this job (jobs.signal), parking until one
         comes; raises SignalTimeout after `timeout` seconds (or a timedelta) without one, counted
         from the first time a run reached this wait: that deadline is stored, and a timeout= changed
         since does not move it."""
+        return self._track(self._wait_for_signal(name, timeout), f"ctx.wait_for_signal({name!r:.60})")
+
+    async def _wait_for_signal(self, name: str, timeout: Seconds | None) -> Any:
         return await self._durable_calls.wait_for_signal(name, timeout)
 
-    async def sleep(self, name: str, seconds: Seconds) -> None:
+    def sleep(self, name: str, seconds: Seconds) -> Coroutine[Any, Any, None]:
         """A durable sleep: park for `seconds` (or a timedelta; no slot held), then go on. `name` is
         unique in a job."""
+        return self._track(self._sleep(name, seconds), f"ctx.sleep({name!r:.60})")
+
+    async def _sleep(self, name: str, seconds: Seconds) -> None:
         await self._durable_calls.sleep(name, seconds)
+
+    def _track(self, call: Coroutine[Any, Any, Any], shown: str) -> Coroutine[Any, Any, Any]:
+        """`call`, remembered when made on the runtime's loop (a sync job's thread hands its calls
+        to the loop, which awaits them). The list keeps only calls not yet started once it grows,
+        pruned at doubling sizes: a job making a million checkpoints holds none it awaited."""
+        if self._loop is not None and _on_loop(self._loop):
+            if len(self._made) >= self._made_limit:
+                self._made = [(c, s) for c, s in self._made if inspect.getcoroutinestate(c) == inspect.CORO_CREATED]
+                self._made_limit = max(_MADE_PRUNE, 2 * len(self._made))
+            self._made.append((call, shown))
+        return call
+
+    def _forgotten(self, name: str) -> None:
+        """After an async job's function returned: raise InvalidResultError naming the calls it
+        made and never awaited (nor handed to a task), each closed so that Python does not warn of
+        it later. Such a call never ran: the checkpoint's side effect, the child, the member added
+        never happened, and the result the job returned stands on them."""
+        left = [(c, s) for c, s in self._made if inspect.getcoroutinestate(c) == inspect.CORO_CREATED]
+        self._made = []
+        if not left:
+            return
+        # A task not yet started (create_task() of a call, the run ending first) holds its call:
+        # it starts, and meets the run's end there, as the durable calls say.
+        held = {task.get_coro() for task in asyncio.all_tasks()}
+        forgotten = [(c, s) for c, s in left if c not in held]
+        if not forgotten:
+            return
+        for call, _ in forgotten:
+            call.close()
+        shown = ", ".join(dict.fromkeys(s for _, s in forgotten))
+        raise InvalidResultError(
+            f"{name} returned without awaiting {shown}: a ctx call of an async job runs only when awaited, so it "
+            f"never ran (nothing was stored, created or added); write `await ctx....` before the call")
 
     @property
     def _durable_run(self) -> Any:
@@ -263,6 +316,10 @@ class JobContext:
     def _mark_published(self) -> None:
         self._published += 1
         self._next_publish_at = time.monotonic() + PROGRESS_INTERVAL
+
+
+# The number of calls a context remembers before it first drops those already started.
+_MADE_PRUNE = 64
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:

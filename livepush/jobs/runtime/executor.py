@@ -115,6 +115,7 @@ async def execute(
                 durable = ctx._durable_run
                 if durable is not None:
                     await durable.settle()
+            ctx._forgotten(fn.name)  # a ctx call whose `await` it forgot never ran
         else:
             sync_ctx = SyncJobContext(ctx, loop)
             # run() catches a StopIteration (stop_caught): it would never complete the future
