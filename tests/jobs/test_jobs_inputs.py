@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -180,11 +181,26 @@ async def _async_backoff(attempt: int) -> float:
     return 1.0
 
 
-@pytest.mark.parametrize("backoff", [_async_backoff, lambda: 5.0, lambda attempt, base: base * attempt])
+async def _async_generator_backoff(attempt: int) -> AsyncIterator[float]:
+    yield 1.0
+
+
+def _generator_backoff(attempt: int) -> Iterator[float]:
+    yield 1.0
+
+
+class _AsyncCallBackoff:
+    async def __call__(self, attempt: int) -> float:
+        return 1.0
+
+
+@pytest.mark.parametrize("backoff", [_async_backoff, _async_generator_backoff, _generator_backoff, _AsyncCallBackoff(),
+                                     lambda: 5.0, lambda attempt, base: base * attempt])
 def test_a_backoff_that_cannot_give_seconds_for_an_attempt_fails_at_decoration(backoff: object) -> None:
-    """backoff(attempt) is called only when an attempt fails: an `async def` one returned a
-    coroutine (never awaited), and one that cannot take the attempt number raised TypeError; each
-    retry logged the error and fell back to the default delay. A TypeError naming backoff=, at import."""
+    """backoff(attempt) is called only when an attempt fails: an `async def` one (a generator, an
+    object whose __call__ is `async def`) returned a coroutine or a generator, never a number, and
+    one that cannot take the attempt number raised TypeError; each retry logged the error and fell
+    back to the default delay. A TypeError naming backoff=, at import."""
     with pytest.raises(TypeError, match=r"@jobs.job\(backoff=\)"):
         jobs.job(name="t.bad_backoff", backoff=backoff)(lambda ctx: None)  # type: ignore[arg-type]
     assert jobs.job(name="t.bad_backoff", backoff=lambda attempt, base=2.0: base)(lambda ctx: None).backoff(1) == 2.0

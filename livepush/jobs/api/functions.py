@@ -56,10 +56,12 @@ def _check_int4(option: str, value: Any, least: int) -> None:
 def _check_backoff(backoff: Callable[..., Any]) -> None:
     """A TypeError unless `backoff(attempt)` can give seconds: it is called only when an attempt
     fails, so an `async def` one (its coroutine is no number) or one that cannot take the attempt
-    number would log its error on every retry and fall back to the default delay."""
-    if inspect.iscoroutinefunction(backoff):
+    number would log its error on every retry and fall back to the default delay. So would one
+    that gives a generator (a `yield` in it), or an object whose __call__ is `async def`."""
+    if is_async_callable(backoff) or is_generator_callable(backoff):
         raise ArgumentTypeError(f"@jobs.job(backoff=) is called with the attempt number and must return seconds "
-                                f"at once: {backoff!r:.60} is `async def`; make it a plain function")
+                                f"at once: {backoff!r:.60} is `async def` or yields; make it a plain function "
+                                f"that returns them")
     why = cannot_take(backoff, 1)
     if why is not None:
         raise ArgumentTypeError(f"@jobs.job(backoff=) is called with one argument, the attempt number (1 after "
