@@ -81,6 +81,23 @@ def test_block_creates_fills_and_seals_then_callbacks_run_once(groups_db: str) -
     assert_events_well_formed(g.handle.id)
 
 
+@pytest.mark.parametrize("call", ["enqueue", "enqueue_many"])
+async def test_an_awaited_g_enqueue_in_an_async_group_block_says_to_drop_the_await(groups_db: str, call: str) -> None:
+    """In an `async with jobs.agroup()` block g.enqueue() adds to the block's batch at once.
+    Awaited (as ctx.group.enqueue is, in an async job), it raised Python's "object NoneType can't
+    be used in 'await' expression", which names neither the call nor the fix. The block raised,
+    so nothing was written, and still nothing is."""
+    with pytest.raises(TypeError, match=rf"g\.{call}\(\) is not awaited.*drop the `await`"):
+        async with jobs.agroup() as g:
+            if call == "enqueue":
+                await g.enqueue(gj.member, 1)
+            else:
+                await g.enqueue_many([gj.member.request(1)])
+    assert q(groups_db, "SELECT count(*) FROM livepush_jobs") == [(0,)]
+    with jobs.group() as sync_block:  # sync code has nothing to await: None, as ever
+        assert sync_block.enqueue(gj.member, 1) is None
+
+
 def test_failures_and_retries(groups_db: str) -> None:
     """A member that fails then succeeds counts as succeeded; one that fails for good as
     failed; the group runs on_finish and on_failure, once."""

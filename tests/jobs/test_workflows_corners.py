@@ -371,6 +371,18 @@ async def test_a_step_that_is_an_object_with_an_async_call_is_awaited(jobs_db: s
     assert (done["state"], done["steps"]["greet"]["output"]) == ("succeeded", {"hello": "ana"}), done["error"]
 
 
+@pytest.mark.parametrize("call", ["enqueue", "enqueue_many"])
+async def test_an_awaited_batch_call_in_an_async_fan_out_step_says_to_drop_the_await(jobs_db: str, call: str) -> None:
+    """batch.enqueue() adds to the step's batch at once. Awaited (as ctx.group.enqueue is, in an
+    async job), it failed the step with Python's "object NoneType can't be used in 'await'
+    expression", which names neither the call nor the fix."""
+    async with running(queues=[wc.QUEUE]):
+        run = await wc.awaits_batch.astart(call)
+        done = await run_state(run.id, "failed")
+    assert f"batch.{call}() is not awaited" in done["error"] and "drop the `await`" in done["error"], done["error"]
+    assert q(jobs_db, "SELECT count(*) FROM livepush_jobs WHERE name = %s", (wc.record.name,)) == [(0,)]
+
+
 def lock_waiters(url: str) -> int:
     """How many sessions of the test's database wait for a lock that another holds."""
     return q(url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "

@@ -10,7 +10,7 @@ import threading
 from typing import Any
 
 from livepush import jobs
-from tests.jobs.sample_jobs import until_flag
+from tests.jobs.sample_jobs import record, until_flag
 
 QUEUE = "wfd"
 
@@ -166,6 +166,18 @@ stops_fanning = jobs.workflow("wfd_stops_fanning", queue=QUEUE)
 @stops_fanning.fan_out(max_attempts=1)
 def exhausted_batch(ctx: Any, batch: Any) -> None:
     next(iter(()))
+
+
+# An async fan-out step that awaits its batch's calls, as an async job awaits ctx.group.enqueue.
+awaits_batch = jobs.workflow("wfd_awaits_batch", queue=QUEUE)
+
+
+@awaits_batch.fan_out(max_attempts=1)
+async def awaited_batch(ctx: Any, batch: Any) -> None:
+    if ctx.input == "enqueue_many":
+        await batch.enqueue_many([record.request("never")])
+    else:
+        await batch.enqueue(record, "never")
 
 
 # A step that is an object with an async __call__ (a callable class instance), as @jobs.job takes one.

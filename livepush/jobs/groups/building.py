@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Never
 
@@ -163,6 +163,27 @@ def _shards(shards: int) -> int:
 
 # -- the block: create, fill and seal in one transaction ---------------------------------------
 
+class Added:
+    """What a batch's add returns in async code (g.enqueue() of an `async with jobs.agroup()`
+    block, batch.enqueue() of an async fan-out step; sync code gets None): nothing to wait for, the
+    job being added to the batch at once and written with it. There one awaits (ctx.group.enqueue,
+    in an async job): awaited, this says so, naming the call, rather than Python's "object NoneType
+    can't be used in 'await' expression"."""
+
+    __slots__ = ("_call", "_written")
+
+    def __init__(self, call: str, written: str) -> None:
+        self._call = call
+        self._written = written  # when the batch is written: "the block ends", ...
+
+    def __await__(self) -> Generator[Any, None, None]:
+        raise ArgumentTypeError(f"{self._call} is not awaited, in async code too: it adds to the batch at once, "
+                                f"which is written when {self._written}; drop the `await`")
+
+    def __repr__(self) -> str:
+        return f"<added by {self._call}>"
+
+
 class GroupBuilder:
     """`with jobs.group(...) as g:` collects members with `g.enqueue(fn, *args)`; at the end of the
     block the group is created, filled and sealed in one transaction (the caller's with `conn=`).
@@ -182,6 +203,7 @@ class GroupBuilder:
         self._entered = False
         self._ended = False
         self._written = False  # whether the block's end wrote the group (not when the block raised)
+        self._async = False  # an `async with` block: its adds return Added
         self.members: list[JobHandle] = []
 
     @property
@@ -204,21 +226,23 @@ class GroupBuilder:
 
     def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None,
                 at: datetime | None = None, key: str | None = None, tags: Sequence[str] | None = None,
-                **unknown: Never) -> None:
+                **unknown: Never) -> Added | None:
         """Add a member (written when the block ends). Arguments are checked now. With `key=`
         held by an unfinished job, that job's handle stands in and it is not a member."""
         self._check_open()
         fn, args, queue = job_and_args(fn, args, "g.enqueue", unknown, BLOCK_OPTIONS)
         check_limit(len(self._batch) + 1)
         self._batch.add(fn, args, run_at(wait, at), self.id, queue, key=key, tags=tags)
+        return Added("g.enqueue()", "the block ends") if self._async else None
 
-    def enqueue_many(self, items: Iterable[Any]) -> None:
+    def enqueue_many(self, items: Iterable[Any]) -> Added | None:
         """Members as for jobs.enqueue_many: job.request(...) values or (job, args[, options]) tuples.
         All or nothing: an item refused adds none of the call's items."""
         self._check_open()
         _check_items(items, "g.enqueue_many")
         with self._batch.all_or_nothing():
             add_items(self._batch, items, "g.enqueue_many", self.id, lambda: check_limit(len(self._batch) + 1))
+        return Added("g.enqueue_many()", "the block ends") if self._async else None
 
     def _steps(self) -> steps.Steps[list[dict[str, Any]]]:
         yield from steps.create(self.id, self._shards, self._callbacks)
@@ -270,6 +294,7 @@ class GroupBuilder:
 
     async def __aenter__(self) -> GroupBuilder:
         self._enter()
+        self._async = True
         if self._conn is not None:
             check_conn(self._conn, "async")
         url = database.database_url()

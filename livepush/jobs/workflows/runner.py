@@ -138,11 +138,14 @@ class Batch:
     """What a fan-out step's function fills: `batch.enqueue(job, *args)`; each job runs on its own
     queue unless `job.request(..., queue=)` names another."""
 
-    def __init__(self, step: str) -> None:
+    def __init__(self, step: str, is_async: bool = False) -> None:
         self.step = step
         self.requests: list[JobRequest] = []
+        # An async function's calls return building.Added, whose `await` says to drop it; a sync
+        # one's return None, as ever (an Added is awaitable to inspect.isawaitable()).
+        self._is_async = is_async
 
-    def enqueue(self, fn: JobSpec | JobRequest, *args: Any) -> None:
+    def enqueue(self, fn: JobSpec | JobRequest, *args: Any) -> building.Added | None:
         # Refused as it comes (as add_many_to_group stops reading at the limit): past it the task
         # group would refuse the whole batch, and only after it was built and written.
         if len(self.requests) >= building.MAX_GROUP_MEMBERS:
@@ -158,8 +161,9 @@ class Batch:
             raise ArgumentTypeError(f"batch.enqueue() takes a @jobs.job function and its arguments, got {fn!r:.80}")
         fn_queue = request.function.queue
         self.requests.append(dataclasses.replace(request, queue=request.queue or fn_queue))
+        return building.Added("batch.enqueue()", "the step's function returns") if self._is_async else None
 
-    def enqueue_many(self, items: Any) -> None:
+    def enqueue_many(self, items: Any) -> building.Added | None:
         """Members as a task group's g.enqueue_many() takes them: job.request(...) values or (job,
         args) tuples, but no enqueue options (a member of a fan-out batch is a durable job's child,
         which takes none). All or nothing: a refused item adds none of the call's items, and its
@@ -179,6 +183,7 @@ class Batch:
         except BaseException:
             del self.requests[before:]
             raise
+        return building.Added("batch.enqueue_many()", "the step's function returns") if self._is_async else None
 
     def _enqueue_item(self, entry: Any) -> None:
         if not isinstance(entry, tuple) or len(entry) not in (2, 3):
@@ -347,7 +352,7 @@ class Runner:
                     await cur.execute(wq.FAILED_MEMBERS, {"group_id": earlier["group"]})
                     failed = await cur.fetchall()
                 return [JobRequest(r["name"], tuple(r["args"]), r["queue"]) for r in failed]
-            batch = Batch(spec.name)
+            batch = Batch(spec.name, is_async_callable(spec.fn))
             returned = await self._call(spec, sctx, ctx, batch)
             if returned is not None and returned is not batch:
                 # The step's output is its batch's counts: what the function returns goes nowhere,
