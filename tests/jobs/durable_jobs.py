@@ -166,6 +166,14 @@ async def forgets_await(ctx: Any, how: str) -> str:
         ctx.sleep("nap", 0)
     elif how == "group add":
         ctx.group.enqueue(child, 2)
+    elif how == "result used":
+        rows = ctx.checkpoint("fetch", body, ctx, "fetch")
+        return f"{len(rows)} rows"  # TypeError: a coroutine has no len()
+    elif how == "raises before awaiting":
+        charge = ctx.checkpoint("charge", body, ctx, "charge")  # made first, to be awaited below
+        if ctx.attempt == 1:
+            raise ValueError("a transient error before the await")
+        await charge
     elif how == "awaited later":
         charge = ctx.checkpoint("charge", body, ctx, "charge")  # made first, awaited below: no mistake
         await asyncio.sleep(0)

@@ -209,11 +209,12 @@ class JobContext:
             self._made.append((call, shown))
         return call
 
-    def _forgotten(self, name: str) -> None:
-        """After an async job's function returned: raise InvalidResultError naming the calls it
-        made and never awaited (nor handed to a task), each closed so that Python does not warn of
-        it later. Such a call never ran: the checkpoint's side effect, the child, the member added
-        never happened, and the result the job returned stands on them."""
+    def _forgotten(self, name: str, raised: BaseException | None = None) -> None:
+        """After an async job's function returned (or raised `raised`): raise InvalidResultError
+        naming the calls it made and never awaited (nor handed to a task), each closed so that
+        Python does not warn of it later. Such a call never ran: the checkpoint's side effect, the
+        child, the member added never happened, and the result the job returned stands on them;
+        what it raised came of using the call's coroutine as its result (executor._used_a_coroutine)."""
         left = [(c, s) for c, s in self._made if inspect.getcoroutinestate(c) == inspect.CORO_CREATED]
         self._made = []
         if not left:
@@ -227,9 +228,11 @@ class JobContext:
         for call, _ in forgotten:
             call.close()
         shown = ", ".join(dict.fromkeys(s for _, s in forgotten))
+        how = (f"returned without awaiting {shown}" if raised is None
+               else f"raised {type(raised).__name__} after it called {shown} without `await`")
         raise InvalidResultError(
-            f"{name} returned without awaiting {shown}: a ctx call of an async job runs only when awaited, so it "
-            f"never ran (nothing was stored, created or added); write `await ctx....` before the call")
+            f"{name} {how}: a ctx call of an async job runs only when awaited, so it never ran (nothing was "
+            f"stored, created or added); write `await ctx....` before the call") from raised
 
     @property
     def _durable_run(self) -> Any:

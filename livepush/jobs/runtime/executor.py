@@ -187,6 +187,11 @@ async def execute(
             if task is not None:
                 task.uncancel()
             return timeout_failure(fn, ctx)
+        if _used_a_coroutine(exc):
+            try:
+                ctx._forgotten(fn.name, exc)  # a ctx call's coroutine, its `await` forgotten, used as its result
+            except InvalidResultError as forgotten:
+                return _failure(fn, ctx, forgotten)
         return _failure(fn, ctx, exc)
     if ctx._released:
         return None
@@ -217,6 +222,13 @@ async def execute(
     except MessageTooLarge:
         return _failure(fn, ctx, InvalidResultError(result_too_large(PAST_ONE_MESSAGE)))
     return Outcome(ctx, "succeeded", result=result)
+
+
+def _used_a_coroutine(exc: BaseException) -> bool:
+    """Whether `exc` is what Python raises for a coroutine used as a value (`len(rows)`, `for r in
+    rows`, `rows["id"]`, `rows.id`): a ctx call whose `await` was forgotten, its result used. Any
+    other error, raised while a call made first waits to be awaited (gathered later), is the job's own."""
+    return isinstance(exc, (TypeError, AttributeError)) and "'coroutine'" in _error_text(exc)
 
 
 def result_too_large(said: str) -> str:
