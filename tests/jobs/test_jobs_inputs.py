@@ -6,6 +6,7 @@ import asyncio
 import functools
 import math
 import os
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -204,6 +205,18 @@ def test_a_backoff_that_cannot_give_seconds_for_an_attempt_fails_at_decoration(b
     with pytest.raises(TypeError, match=r"@jobs.job\(backoff=\)"):
         jobs.job(name="t.bad_backoff", backoff=backoff)(lambda ctx: None)  # type: ignore[arg-type]
     assert jobs.job(name="t.bad_backoff", backoff=lambda attempt, base=2.0: base)(lambda ctx: None).backoff(1) == 2.0
+
+
+@pytest.mark.parametrize(("celery", "livepush"), [
+    ("delay", "enqueue(*args)"), ("apply_async", "enqueue(*args, wait=, at=)"), ("s", "request(*args)"),
+    ("si", "request(*args)"), ("signature", "request(*args)"),
+])
+def test_a_celery_call_on_a_job_names_livepush_own(celery: str, livepush: str) -> None:
+    """A team moving from Celery writes `send_receipt.delay(7)`: Python's "'JobFunction' object
+    has no attribute 'delay'" named no way on. The AttributeError names the call to make."""
+    with pytest.raises(AttributeError, match=re.escape(f"{sample_jobs.record.name}.{livepush}")):
+        getattr(sample_jobs.record, celery)
+    assert not hasattr(sample_jobs.record, "delay")
 
 
 @pytest.mark.parametrize("argument", ["imports", 5, ("imports",)])

@@ -81,6 +81,16 @@ def _check_never_retry(never_retry: Any) -> tuple[type[BaseException], ...]:
     return classes
 
 
+# Celery's calls on a task, and livepush's own for each (docs/jobs.md "Enqueueing").
+_CELERY_CALLS = {
+    "delay": "enqueue(*args)",
+    "apply_async": "enqueue(*args, wait=, at=) (countdown= is wait=, eta= is at=)",
+    "s": "request(*args) (a task group's callback, a durable job's child)",
+    "si": "request(*args) (a task group's callback, a durable job's child)",
+    "signature": "request(*args) (a task group's callback, a durable job's child)",
+}
+
+
 def is_async_callable(func: Any) -> bool:
     """Whether calling `func` gives a coroutine to await: an async function, or an object whose
     __call__ is `async def` (taken for a sync function, it ran in a thread and returned its
@@ -233,6 +243,13 @@ class JobFunction:
 
     def __repr__(self) -> str:
         return f"<job {self.name} queue={self.queue!r}>"
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for names the object lacks: a team moving from Celery calls its task's methods.
+        instead = _CELERY_CALLS.get(name)
+        if instead is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raise AttributeError(f"{self.name} is a livepush job, which has no .{name}(): use {self.name}.{instead}")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
