@@ -208,4 +208,9 @@ def __getattr__(name: str) -> Any:
         from .runtime.runtime import Runtime
 
         return Runtime
+    if name in ("enqueue", "aenqueue"):
+        # RQ's queue.enqueue(f, *args), written as jobs.enqueue(f, *args): say where the call is.
+        raise AttributeError(f"module {__name__!r} has no {name}(): a job enqueues itself, "
+                             f"some_job.{name}(*args), and jobs.{name}_many([some_job.request(*args), ...]) "
+                             "enqueues several")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

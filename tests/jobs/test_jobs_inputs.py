@@ -219,6 +219,15 @@ def test_a_celery_call_on_a_job_names_livepush_own(celery: str, livepush: str) -
     assert not hasattr(sample_jobs.record, "delay")
 
 
+@pytest.mark.parametrize("call", ["enqueue", "aenqueue"])
+def test_an_rq_style_enqueue_of_a_function_names_the_jobs_own(call: str) -> None:
+    """A team moving from RQ writes `jobs.enqueue(send_receipt, 7)`, as `queue.enqueue(f, ...)`:
+    Python's "module 'livepush.jobs' has no attribute 'enqueue'" named no way on."""
+    with pytest.raises(AttributeError, match=re.escape(f"some_job.{call}(*args)")):
+        getattr(jobs, call)
+    assert not hasattr(jobs, call)
+
+
 @pytest.mark.parametrize("argument", ["imports", 5, ("imports",)])
 def test_a_job_decorator_given_an_option_positionally_says_to_use_keywords(argument: object) -> None:
     """@jobs.job("imports") (a queue where the function goes) raises TypeError saying options are
