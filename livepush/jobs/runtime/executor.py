@@ -115,7 +115,8 @@ async def execute(
                 durable = ctx._durable_run
                 if durable is not None:
                     await durable.settle()
-            ctx._forgotten(fn.name)  # a ctx call whose `await` it forgot never ran
+            if ctx._made:  # most jobs make no ctx call: nothing to look at
+                ctx._forgotten(fn.name)  # a ctx call whose `await` it forgot never ran
         else:
             sync_ctx = SyncJobContext(ctx, loop)
             # run() catches a StopIteration (stop_caught): it would never complete the future
