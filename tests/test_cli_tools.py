@@ -643,6 +643,19 @@ def test_publish_reading_a_bad_message_from_standard_input_exits_2_naming_it(
     assert needle in err, err
 
 
+def test_publish_refuses_standard_input_longer_than_any_message_without_reading_it_all(livepush_env) -> None:
+    """A message is at most 1 MiB of JSON, so `livepush publish TOPIC -` reads standard input only
+    so far past that as whitespace and escapes could pad such a message: a larger file, or an
+    endless stream (`< /dev/zero`), exits 2 saying so, not after holding all of it in memory."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "livepush", "publish", "chat:lobby", "-"],
+                          input=b" " * (17 * 1024 * 1024) + b"{}", capture_output=True, env=livepush_env(), timeout=30)
+    err = done.stderr.decode()
+    assert done.returncode == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "standard input holds more than 16 MiB" in err and "1 MiB" in err, err
+
+
 def test_a_migration_with_stdout_closed_runs_all_the_same(livepush_env, pg_url: str) -> None:
     """`livepush migrate >&-` (a deploy script that throws the report away) runs and exits 0: the
     migration, not its report, is what it gives, and its exit status says how it went."""

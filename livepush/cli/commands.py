@@ -301,6 +301,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# How many times a message's 1 MiB limit `publish -` reads of standard input before it refuses it.
+_STDIN_PAYLOAD_FACTOR = 16
+
+
 def _publish_json(argument: str) -> tuple[str, str]:
     """`publish`'s JSON text and how to name it in an error: the argument, or for `-` standard
     input (a document from a file or a program, or too long for a command line), as `-` means to
@@ -310,8 +314,19 @@ def _publish_json(argument: str) -> tuple[str, str]:
     if sys.stdin is None:
         raise ConfigError("JSON argument '-' reads the message from standard input, which is closed: "
                           "give the JSON as the argument, or pipe it in (... | livepush publish TOPIC -)")
-    try:  # read as bytes: JSON is UTF-8 whatever the locale decodes stdin with
-        return sys.stdin.buffer.read().decode("utf-8"), "JSON from standard input"
+    from ..fanout.base import MAX_PAYLOAD_BYTES
+
+    # Read as bytes (JSON is UTF-8 whatever the locale decodes stdin with), and only so far: a
+    # message is at most 1 MiB encoded, which whitespace and escapes may pad many times over, but a
+    # larger file, or an endless stream, would otherwise be held in memory whole before its refusal.
+    most = _STDIN_PAYLOAD_FACTOR * MAX_PAYLOAD_BYTES
+    read = sys.stdin.buffer.read(most + 1)
+    if len(read) > most:
+        raise ConfigError(f"standard input holds more than {most // 2**20} MiB, and a message is at most "
+                          f"{MAX_PAYLOAD_BYTES // 2**20} MiB of JSON: send a reference (an id or URL) and let the "
+                          "page fetch the rest")
+    try:
+        return read.decode("utf-8"), "JSON from standard input"
     except UnicodeDecodeError as exc:
         raise ConfigError(f"JSON from standard input is not UTF-8 ({exc.reason} at byte {exc.start}): "
                           "write the document as UTF-8") from None
