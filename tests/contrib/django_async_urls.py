@@ -3,11 +3,12 @@ request's loop (the mistake), an async view that calls it through sync_to_async,
 (which Django runs in a thread under ASGI); and the same for subscription(), which reads the
 topic's latest offset, for a task_group() block, which creates and seals its group, and for the
 template tags that read a latest offset, rendered on the loop, by a TemplateResponse (which Django
-renders in a thread) and in a sync view."""
+renders in a thread) and in a sync view, and a page that has them from a template it includes
+or extends, or in a block it fills in the one it extends."""
 
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.template import Context, Origin, Template, engines
+from django.template import Context, Engine, Origin, Template, engines
 from django.template.response import TemplateResponse
 from django.urls import path
 
@@ -83,9 +84,22 @@ def sync_tags(request: HttpRequest) -> HttpResponse:
     return HttpResponse(_page().render(Context()))
 
 
+# A site's template files: the tags in a template another includes, and in a block of one that extends another.
+FILES = Engine(libraries={"livepush": "livepush.contrib.django.templatetags.livepush"}, loaders=[
+    ("django.template.loaders.locmem.Loader", {
+        "notices.html": PAGE, "page.html": '<main>{% include "notices.html" %}</main>',
+        "base.html": "<main>{% block body %}{% endblock %}</main>",
+        "child.html": '{% extends "base.html" %}{% block body %}' + PAGE + "{% endblock %}",
+        "notices_base.html": PAGE + "{% block body %}{% endblock %}", "extending.html": '{% extends "notices_base.html" %}'})])
+
+
+async def tags_in_a_template_file(request: HttpRequest, name: str) -> HttpResponse:
+    return HttpResponse(FILES.get_template(name).render(Context()))
+
+
 urlpatterns = [path("loop/", on_the_loop), path("thread/", through_a_thread), path("sync/", sync_view),
                path("page/loop/", page_on_the_loop), path("page/thread/", page_through_a_thread),
                path("page/sync/", sync_page), path("group/loop/", group_on_the_loop),
                path("group/thread/", group_through_a_thread), path("group/sync/", sync_group),
                path("tags/loop/", tags_on_the_loop), path("tags/response/", tags_in_a_template_response),
-               path("tags/sync/", sync_tags)]
+               path("tags/sync/", sync_tags), path("tags/file/<str:name>", tags_in_a_template_file)]

@@ -268,6 +268,20 @@ def test_template_tags_reading_an_offset_on_the_loop_warn_once_each_naming_the_t
         assert "TemplateResponse" in line, line
 
 
+@pytest.mark.parametrize("page,where", [
+    ("page.html", "notices.html"), ("extending.html", "notices_base.html"), ("child.html", "child.html"),
+], ids=["included", "extended", "in-a-block-of-an-extending-template"])
+def test_the_template_tags_warning_names_the_template_the_tag_is_written_in(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, page: str, where: str) -> None:
+    """The warning of a tag rendered on the loop names the template file the tag is in, where its
+    author finds it: the one a page includes or extends, or the extending one whose block has
+    it: not the page that render() was called on, nor the template that page extends."""
+    said = warned_by_async_views(caplog, monkeypatch, (), f"/tags/file/{page}")
+    assert len(said) == 2, said
+    for line in said:
+        assert f" was called on a running event loop, at template {where} " in line, line
+
+
 def test_a_task_group_in_an_async_view_warns_once_naming_it_and_a_thread(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """A task_group() block creates its group and seals it, two round trips the request's loop

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from django import template
@@ -45,7 +46,11 @@ def _warn_if_on_event_loop(context: Context, tag: str, topic: str) -> None:
         return
     if api.default_fanout().name == "local":  # publishes into this process: no round trip to wait for
         return
-    origin = getattr(getattr(context, "template", None), "origin", None)
+    # The tag's node knows the template it is written in (one included or extended, the one whose
+    # block it fills); the template render() renders is only the page that holds it.
+    node = sys._getframe(2).f_locals.get("self")  # 0: this, 1: the tag, 2: its node's render()
+    origin = (node.origin if isinstance(node, template.Node) and getattr(node, "origin", None) is not None
+              else getattr(getattr(context, "template", None), "origin", None))
     where = f"template {origin.template_name or origin.name}" if origin is not None else "a template"
     # 0: say, 1: this, 2: the tag, 3: the template engine (not livepush's own code, so it is said).
     blocking.say(call, "", 3, where=where,
