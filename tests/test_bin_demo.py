@@ -151,6 +151,26 @@ def test_bin_demo_in_a_copied_checkout_makes_its_venv_again_for_the_copy(
     assert f"{copy}/.venv" in (copy / ".venv" / "pyvenv.cfg").read_text()
 
 
+def test_bin_demo_keeps_the_venv_made_in_its_checkout_whatever_the_checkout_path_holds(
+    tmp_path: Path, procs: Processes, livepush_env: Callable[..., dict[str, str]], pg_url: str
+) -> None:
+    """pyvenv.cfg names the folder a .venv was made in as it is, spaces and all, at the end of its
+    `command` line: a checkout below a folder whose name ends in a space (`/srv/a /livepush`) has
+    its own .venv taken as its own, not made again on every run as if copied from elsewhere."""
+    (tmp_path / "a " / "livepush").mkdir(parents=True)
+    project = installed(project_copy(tmp_path / "a " / "livepush"))
+    (project / ".venv" / "pyvenv.cfg").write_text(
+        f"home = {Path(sys.executable).parent}\ncommand = {sys.executable} -m venv {project}/.venv\n")
+
+    env = livepush_env(database_url=pg_url)
+    demo = procs.start([str(project / "bin" / "demo")], env=env, cwd=project, port=int(env["LIVEPUSH_PORT"]),
+                       name="bin/demo")
+    demo.wait_healthy(INSTALL_TIMEOUT)
+    assert demo.stop(15) == 0, demo.output()
+    assert "making it again" not in demo.stderr(), demo.output()
+    assert (project / ".venv" / "bin" / "python").read_text().startswith("#!/bin/sh\n"), "bin/demo made .venv again"
+
+
 def test_bin_demo_waits_while_bin_setup_installs_into_the_same_venv(
     tmp_path: Path, procs: Processes, livepush_env: Callable[..., dict[str, str]], pg_url: str
 ) -> None:
