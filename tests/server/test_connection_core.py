@@ -624,7 +624,9 @@ async def test_a_connection_that_never_finishes_its_request_is_dropped_at_the_op
         elif sending == "a request head a byte at a time":
             trickling = asyncio.ensure_future(_trickle(writer, upgrade_request(server.port), 0.1))
         assert await _dropped(reader) == b""
-        assert time.monotonic() - opened <= 1.0 + 4 * core.TICK
+        # Far short of the 10 s of websockets' default, or of never for a timeout counted from the
+        # last byte; the rest is slack for a loaded machine, whose loop may lag by a second or more.
+        assert time.monotonic() - opened < 5.0
         assert server._core is not None
         await async_wait_for(lambda: server._core._live == 0, 5, message="the connection to be forgotten")
     finally:
@@ -647,7 +649,7 @@ async def test_a_client_that_never_answers_the_servers_close_is_dropped_at_the_c
         assert heard.close_code == protocol.CLOSE_POLICY
         closed = time.monotonic()
         assert await _dropped(ws.reader) == b""
-        assert time.monotonic() - closed <= core.CLOSE_TIMEOUT + 4 * core.TICK
+        assert time.monotonic() - closed < core.CLOSE_TIMEOUT + 4.0  # slack for a loaded machine's loop
         assert server._core is not None
         await async_wait_for(lambda: server._core._live == 0, 5, message="the connection to be forgotten")
     finally:
