@@ -656,6 +656,26 @@ def test_publish_refuses_standard_input_longer_than_any_message_without_reading_
     assert "standard input holds more than 16 MiB" in err and "1 MiB" in err, err
 
 
+def test_publish_dash_at_a_terminal_says_it_reads_standard_input(livepush_env) -> None:
+    """Typed at a terminal, `livepush publish TOPIC -` says on stderr that it reads the message's
+    JSON from standard input and how to end it, where it would otherwise look hung."""
+    import pty
+    import subprocess
+
+    master, terminal = pty.openpty()
+    try:
+        child = subprocess.Popen([sys.executable, "-m", "livepush", "publish", "chat:lobby", "-"], stdin=terminal,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=livepush_env())
+        os.write(master, b'{"text": "hi"}\n\x04')  # a line, then Ctrl-D
+        _, err = child.communicate(timeout=30)
+    finally:
+        os.close(master)
+        os.close(terminal)
+    said = err.decode()
+    assert said.startswith("livepush publish: reading the message's JSON from standard input; end it with Ctrl-D\n"), said
+    assert child.returncode == 2 and "LIVEPUSH_FANOUT=local" in said, said  # read whole, then the local fan-out refused
+
+
 def test_a_migration_with_stdout_closed_runs_all_the_same(livepush_env, pg_url: str) -> None:
     """`livepush migrate >&-` (a deploy script that throws the report away) runs and exits 0: the
     migration, not its report, is what it gives, and its exit status says how it went."""

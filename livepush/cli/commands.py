@@ -320,13 +320,16 @@ def _publish_json(argument: str) -> tuple[str, str]:
     # message is at most 1 MiB encoded, which whitespace and escapes may pad many times over, but a
     # larger file, or an endless stream, would otherwise be held in memory whole before its refusal.
     most = _STDIN_PAYLOAD_FACTOR * MAX_PAYLOAD_BYTES
+    if sys.stdin.isatty():  # typed in: without a word it would look hung
+        print("livepush publish: reading the message's JSON from standard input; end it with Ctrl-D",
+              file=sys.stderr, flush=True)
     read = sys.stdin.buffer.read(most + 1)
     if len(read) > most:
         raise ConfigError(f"standard input holds more than {most // 2**20} MiB, and a message is at most "
                           f"{MAX_PAYLOAD_BYTES // 2**20} MiB of JSON: send a reference (an id or URL) and let the "
                           "page fetch the rest")
-    try:
-        return read.decode("utf-8"), "JSON from standard input"
+    try:  # utf-8-sig: a file some editors saved with a byte order mark is still the same JSON
+        return read.decode("utf-8-sig"), "JSON from standard input"
     except UnicodeDecodeError as exc:
         raise ConfigError(f"JSON from standard input is not UTF-8 ({exc.reason} at byte {exc.start}): "
                           "write the document as UTF-8") from None
