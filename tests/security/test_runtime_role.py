@@ -259,3 +259,58 @@ def test_serve_with_jobs_whose_runtime_cannot_start_exits_at_once_with_its_error
     assert "restarting" not in stderr and "Traceback" not in stderr, child.output()
     if workers == "2":
         assert "[worker 2 " not in stderr and "before it served" in stderr, child.output()
+
+
+async def test_a_runtime_role_that_may_not_prune_is_told_in_one_line_each_cycle_and_pruning_resumes_once_granted(
+        runtime_url: str, pg_url: str, secret: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A runtime role that lost DELETE on the history (a grant revoked by hand) fails each prune
+    cycle with one WARNING naming the table and what to run, never a traceback; the cycles go on
+    (past the ten failures after which a supervised task gives up), so pruning resumes by itself
+    once the grant is back, and the history does not grow for good."""
+    from livepush.fanout import postgres as pg
+    from livepush.server import app as server_app
+    from tests.server.conftest import make_settings, start_served
+    from tests.support.waiting import async_wait_for
+
+    role = psycopg.sql.Identifier(role_of(runtime_url))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("REVOKE DELETE ON livepush_messages FROM {}").format(role))
+        conn.execute("INSERT INTO livepush_messages (topic, seq, data, created_at) "
+                     "SELECT 'old', g, '{}', now() - interval '1 hour' FROM generate_series(1, 10) g")
+    monkeypatch.setattr(server_app, "PRUNE_EVERY_SECONDS", 0.05)
+    calls = 0
+    real_prune = pg.PostgresFanOut.prune
+
+    async def counted_prune(self: pg.PostgresFanOut) -> int:
+        nonlocal calls
+        calls += 1
+        return await real_prune(self)
+
+    monkeypatch.setattr(pg.PostgresFanOut, "prune", counted_prune)
+
+    async def expired_left() -> int:
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+            row = await (await conn.execute("SELECT count(*) FROM livepush_messages WHERE topic = 'old'")).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    served = await start_served(make_settings("postgres", secret, runtime_url, None))
+    try:
+        await async_wait_for(lambda: calls >= 15, 30, 0.05, message="prune cycles to go on failing past ten")
+        assert await expired_left() == 10
+        failed = [r for r in caplog.records if r.levelname in ("WARNING", "ERROR") and "prun" in r.getMessage()]
+        assert failed and all(r.levelname == "WARNING" and r.exc_info is None for r in failed), \
+            [(r.levelname, r.getMessage()) for r in failed]
+        said = failed[0].getMessage()
+        assert "permission denied for table livepush_messages" in said and "--runtime-role" in said, said
+        assert "\n" not in said, said
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+            await conn.execute(psycopg.sql.SQL("GRANT DELETE ON livepush_messages TO {}").format(role))
+
+        async def none_left() -> bool:
+            return await expired_left() == 0
+
+        await async_wait_for(none_left, 30, 0.1, message="pruning to resume once DELETE is granted")
+    finally:
+        await served.stop()
