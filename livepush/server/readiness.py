@@ -42,8 +42,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from .. import metrics
-from ..errors import first_line
+from ..errors import ConfigError, first_line
 from ..fanout import FanOut
+from ..repeats import Repeats
 from ..tasks import reraise_if_cancelled
 from ..topics import RESERVED_PREFIX
 from ..types import Message, Offset, RingPath, StateSource
@@ -89,6 +90,9 @@ class Canary:
     # When its path was last made to listen anew, and how many times in a row that brought none back.
     relistened_at: float | None = None
     relistens: int = 0
+    # Why its last publish was refused (a ConfigError: a privilege the role lacks), None once one
+    # went out: no outage that heals by itself, so /readyz says it rather than only "late".
+    refused: str | None = None
 
     def sent(self, at: float) -> list[object]:
         self.gauge_wait(at)
@@ -151,6 +155,8 @@ class Canary:
             body["detail"] = f"{self.missing} for {now - oldest:.1f} s"  # type: ignore[operator]
         elif not self.answered_once:
             body["detail"] = self.first
+        if self.refused is not None and "detail" in body:
+            body["detail"] = f"{body['detail']}: its publish was refused: {self.refused}"
         return ok, body
 
 
@@ -200,6 +206,7 @@ class Readiness:
                 first="waiting for the first revocation ring to come back", gauged=False,
                 deaf="no revocation ring came back through it (readiness's ring of the revocation store)")
         self.server_id = uuid.uuid4().hex[:12]
+        self._refusals = Repeats(log)
         self._schema_problem: str | None = None
         self._schema_checked_at: float | None = None
 
@@ -286,10 +293,16 @@ class Readiness:
             entry = self.canary.sent(self.clock())
             try:
                 offset = await self.fanout.apublish(CANARY_TOPIC, {"server": self.server_id, "n": n})
+            except ConfigError as exc:  # a privilege the role lacks: no outage, so said, once a minute
+                reraise_if_cancelled()
+                self.canary.refused = first_line(exc)
+                self._refusals.warning("the readiness canary could not be published, so this server stays "
+                                       "unready: %s", self.canary.refused)
             except Exception as exc:  # the fan-out is down: the canary stays unanswered
                 reraise_if_cancelled()
                 log.debug("canary publish failed: %s", first_line(exc))
             else:
+                self.canary.refused = None
                 self.canary.published(entry, offset)
             if self._schema is not None and self.clock() >= next_schema:
                 next_schema = self.clock() + self.schema_every

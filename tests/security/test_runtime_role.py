@@ -3,6 +3,7 @@ publish() and enqueues need, and a server and a runtime run as that role."""
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Callable
@@ -312,5 +313,35 @@ async def test_a_runtime_role_that_may_not_prune_is_told_in_one_line_each_cycle_
             return await expired_left() == 0
 
         await async_wait_for(none_left, 30, 0.1, message="pruning to resume once DELETE is granted")
+    finally:
+        await served.stop()
+
+
+async def test_a_server_whose_role_may_not_publish_its_readiness_canary_says_why_it_is_not_ready(
+        runtime_url: str, pg_url: str, secret: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A runtime role that lost UPDATE on the topics (a grant revoked by hand) cannot publish the
+    server's readiness canary: /readyz stays 503, and both its body and one WARNING name the refused
+    privilege and what to run, rather than only "no canary came back", which sends the operator
+    to the network and the listener."""
+    from tests.server.conftest import make_settings, start_served
+    from tests.server.test_server import http_get
+    from tests.support.waiting import async_wait_for
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("REVOKE UPDATE ON livepush_topics FROM {}").format(
+            psycopg.sql.Identifier(role_of(runtime_url))))
+    served = await start_served(make_settings("postgres", secret, runtime_url, None))
+    try:
+        async def refused_in_readyz() -> str | None:
+            status, body = await http_get(served.server.port, "/readyz")
+            assert status == 503, body
+            detail = str(json.loads(body)["checks"]["canary"].get("detail", ""))
+            return detail if "permission denied for table livepush_topics" in detail else None
+
+        detail = await async_wait_for(refused_in_readyz, 20, 0.2, message="/readyz to name the refused privilege")
+        assert "--runtime-role" in detail, detail
+        said = [r.getMessage() for r in caplog.records
+                if r.levelname == "WARNING" and "permission denied for table livepush_topics" in r.getMessage()]
+        assert len(said) == 1 and "canary" in said[0] and "--runtime-role" in said[0], said
     finally:
         await served.stop()
