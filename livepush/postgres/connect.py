@@ -173,7 +173,21 @@ def _setting_of(url: str) -> str:
     return settings.database_url_setting if settings.database_url == url else "LIVEPUSH_DATABASE_URL"
 
 
+# What Postgres says when it refuses a connection for want of a slot (max_connections, the slots
+# it keeps for superusers or pg_use_reserved_connections, a role's or database's CONNECTION LIMIT):
+# a failed connect carries no SQLSTATE (see _LOGIN_REFUSED), so the words, in English, are the sign.
+_NO_SLOT = re.compile(r"too many clients already|too many connections for (?:role|database)"
+                      r"|remaining connection slots are reserved")
+
+
 def unreachable(url: str, exc: BaseException) -> DependencyError:
+    if getattr(exc, "sqlstate", None) == "53300" or _NO_SLOT.search(str(exc)):
+        # Still an outage to retry, but told to check that the server runs, the operator looks at
+        # one that is up: what to change is its connection limits, or who holds its connections.
+        return DependencyError(
+            f"Postgres at {redact(url)} is up but has no connection slot left for this login ({_reason(url, exc)}): "
+            "raise max_connections (or the role's or database's CONNECTION LIMIT), or find what holds the "
+            "connections in pg_stat_activity (every livepush process holds its listener and small pools)")
     return DependencyError(
         f"cannot reach Postgres at {redact(url)} ({_reason(url, exc)}): "
         f"check {_setting_of(url)} and that the server is running"

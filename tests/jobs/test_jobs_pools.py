@@ -134,9 +134,11 @@ def test_a_loop_that_ends_while_its_pool_connects_does_not_hang() -> None:
 
 def test_a_server_out_of_a_resource_is_not_reported_unreachable() -> None:
     """Out of shared memory (lock table, say) names the resource and Postgres' hint, not "cannot
-    reach Postgres"; too many connections is still a reachability problem."""
+    reach Postgres"; too many connections is still an outage to retry, said as a server that is
+    up and full."""
     import psycopg
 
+    from livepush import DependencyError
     from livepush.postgres.connect import translate
 
     url = "postgresql://app:secret@db.example:5432/app"
@@ -144,7 +146,7 @@ def test_a_server_out_of_a_resource_is_not_reported_unreachable() -> None:
     assert "ran out of a resource" in str(err) and "out of shared memory" in str(err)
     assert "secret" not in str(err) and "cannot reach" not in str(err)
     err = translate(url, psycopg.errors.TooManyConnections("sorry, too many clients already"))
-    assert "cannot reach" in str(err)
+    assert isinstance(err, DependencyError) and "no connection slot left" in str(err), err
 
 
 def test_a_deadlock_is_reported_as_a_conflict_to_retry_not_as_unreachable() -> None:

@@ -345,3 +345,25 @@ async def test_a_server_whose_role_may_not_publish_its_readiness_canary_says_why
         assert len(said) == 1 and "canary" in said[0] and "--runtime-role" in said[0], said
     finally:
         await served.stop()
+
+
+def test_a_publish_refused_for_want_of_connection_slots_says_the_server_is_up_and_full(
+        runtime_url: str, pg_url: str) -> None:
+    """Postgres that refuses a connection because its slots are taken (max_connections, or the
+    role's CONNECTION LIMIT) is up: the error says it is full and what to raise, still as an
+    outage to retry (DependencyError), never "check the URL and that the server is running"."""
+    from livepush.errors import DependencyError
+
+    role = psycopg.sql.Identifier(role_of(runtime_url))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("ALTER ROLE {} CONNECTION LIMIT 0").format(role))
+    fanout = PostgresFanOut(runtime_url)
+    try:
+        with pytest.raises(DependencyError) as raised:
+            fanout.publish("room:full", {"n": 1})
+    finally:
+        fanout.close()
+    said = str(raised.value)
+    assert "too many connections for role" in said and "is up" in said, said
+    assert "max_connections" in said and "CONNECTION LIMIT" in said, said
+    assert "cannot reach" not in said and "that the server is running" not in said, said
