@@ -135,6 +135,11 @@ class Listener:
                 # it and the connection). Latin-1 decodes every byte; the handlers drop what is
                 # not theirs, and livepush's own payloads are ASCII.
                 await conn.execute("SET client_encoding TO 'LATIN1'")
+            if conn.info.server_version >= 140000:
+                # Waiting idle is this connection's work: an idle_session_timeout of the role or
+                # database shorter than the ping (meant to reap forgotten sessions) ended it again
+                # and again, each time a loss, two WARNINGs and a catch-up. Postgres 14 has the setting.
+                await conn.execute("SET idle_session_timeout = 0")
             for channel in self._channels:
                 await conn.execute(f"LISTEN {channel.name}")
                 channel.live.set()

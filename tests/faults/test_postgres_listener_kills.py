@@ -146,3 +146,40 @@ async def test_killing_every_backend_of_a_server_logs_livepushs_own_lines_and_no
     assert not fleet.server_log("psycopg", "Traceback"), fleet.server_log()
     assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
     assert list(fleet.stop_all().values()) == [0]
+
+
+async def test_a_listener_is_not_ended_by_an_idle_session_timeout_shorter_than_its_ping(
+        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """An idle_session_timeout set on the database or role (to reap forgotten sessions) shorter
+    than the listener's 5 s ping ended its LISTEN connection again and again, two WARNINGs and a
+    catch-up each time. The listener waits idle by design: it keeps its one connection, and a
+    notification sent after several such timeouts reaches it on that same connection."""
+    from livepush.postgres.listener import Listener
+
+    dbname = services.dbname_of(pg_url)
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(psycopg.sql.SQL("ALTER DATABASE {} SET idle_session_timeout = '200ms'").format(
+            psycopg.sql.Identifier(dbname)))
+    heard: list[str] = []
+    listener = Listener(pg_url, name="livepush-idle-test")
+    listener.add("livepush_idle_test", heard.append)
+
+    async def listening_pids() -> list[int]:
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+            rows = await (await conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'livepush-idle-test'")).fetchall()
+        return [row[0] for row in rows]
+
+    await listener.start()
+    try:
+        before = await listening_pids()
+        # Idle for five timeouts' length: what is checked is that nothing happens meanwhile.
+        await asyncio.sleep(1.0)
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+            await conn.execute("NOTIFY livepush_idle_test, 'after the timeouts'")
+        await async_wait_for(lambda: heard == ["after the timeouts"], 5, message="the notification to be heard")
+        assert await listening_pids() == before and len(before) == 1, before
+        lost = [r.getMessage() for r in caplog.records if "lost the Postgres listener" in r.getMessage()]
+        assert lost == [], lost
+    finally:
+        await listener.aclose()
