@@ -21,7 +21,7 @@ import socket
 import subprocess
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -695,6 +695,26 @@ async def test_a_redis_that_refuses_says_why_rather_than_to_check_that_it_runs(
             refused = url == wrong_password
             assert isinstance(caught.value, livepush.LoginRefused) is refused, caught.value
             assert isinstance(listening.value, livepush.ListenLoginRefused) is refused, listening.value
+
+
+@pytest.mark.parametrize("left_out, call", [
+    ("+xadd", lambda fanout: fanout.apublish("acl:a", {"i": 0})),
+    ("+xrange", lambda fanout: fanout.history("acl:a", "0-0")),
+    ("+time", lambda fanout: fanout.aopen()),
+    ("+pexpire", lambda fanout: fanout.keep_chains(["acl:a"])),
+])
+async def test_an_acl_that_leaves_out_a_command_a_script_runs_is_named_in_one_line(
+        make_redis: MakeRedis, redis_url: str, left_out: str, call: Callable[[RedisFanOut], Awaitable[Any]]) -> None:
+    """Redis refuses a command that the ACL denies inside a script without naming it ("The user
+    executing the script can't run this command", the script's hash and line): the error names
+    the rule the user lacks, so the operator adds that one rather than compare the whole line."""
+    with documented_user(redis_url, "acl:mine", without=left_out) as user_url:
+        fanout = await make_redis(url=user_url, listen=False, prefix="acl:mine")
+        with pytest.raises(livepush.DependencyError) as caught:
+            await call(fanout)
+    said = str(caught.value)
+    assert f"lacks {left_out} " in said and "docs/security.md" in said, said
+    assert "\n" not in said
 
 
 async def test_a_redis_that_wants_a_password_says_what_the_url_lacks(private_redis: PrivateRedis) -> None:

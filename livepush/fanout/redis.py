@@ -66,8 +66,8 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..channels import ListenerSlot
-from ..redis.client import (LoopClients, answered_at_start, async_client, deployment_prefix, failed, listener_name,
-                            namespace, one_line, redact, sync_client, text, wrong_type)
+from ..redis.client import (LoopClients, answered_at_start, async_client, deployment_prefix, failed, known_script,
+                            listener_name, namespace, one_line, redact, sync_client, text, wrong_type)
 from ..redis.subscriber import Subscriber
 from ..topics import RESERVED_PREFIX, TOPIC_RE
 from ..types import JSON, Message, Offset, Topic
@@ -118,7 +118,7 @@ end
 # ids in order, and how many subscribers the frames reached in all (PUBLISH's count). One script for one message or a batch (publish_many: PUBLISH_CHUNK messages or PUBLISH_CHUNK_BYTES per call). A
 # batch's messages share pub/sub frames of about FRAME_BYTES, each costing a listening server one
 # read and one parse.
-_PUBLISH_LUA = _ORIGIN_LUA + """
+_PUBLISH_LUA = known_script(_ORIGIN_LUA + """
 local ids = {}
 local frames, size, heard = {}, 0, 0
 local streams = #KEYS - 2
@@ -146,7 +146,7 @@ for i = 1, streams do
   ids[i] = id
 end
 return {ids, heard}
-"""
+""")
 # A script call of publish_many takes at most this many messages, or about this many bytes of
 # data (UTF-8, as Redis holds it): a call holds Redis until it ends, and Redis sends a subscriber
 # nothing of what the call published before it ends (all of it waits in the subscriber's output
@@ -161,7 +161,7 @@ FRAME_BYTES = 256 * 1024
 # time, is shorter) is kept that long: the servers' idle time is the one their reads of origins
 # count on. GT (Redis 7) writes nothing when the publisher's expiry is as long, so a pass costs no
 # write per key; a Redis before 7 refuses GT, and keeps the publisher's expiry (pcall).
-_PRUNE_LUA = """
+_PRUNE_LUA = known_script("""
 local key = KEYS[1]
 local newest = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
 if #newest == 0 then return 0 end
@@ -174,7 +174,7 @@ if keep > 0 then redis.pcall('PEXPIRE', key, keep, 'GT') end
 local minid = string.format('%d', cutoff)
 if newest_ms < cutoff then minid = newest[1][1] end
 return redis.call('XTRIM', key, 'MINID', minid)
-"""
+""")
 
 # KEYS: the streams of topics a server's subscribers watch; ARGV: idle_ms. Each key set to expire
 # sooner than the idle time from now is kept that long, as a publish would keep it (no entry, no
@@ -185,22 +185,22 @@ return redis.call('XTRIM', key, 'MINID', minid)
 # docs/security.md shows allows it, and no read of the expiry (PTTL) that it does not. So each keep
 # is a write (to the AOF and the replicas), unlike Postgres' (which skips a row kept lately): one a
 # watched topic every quarter of the idle time, and one as a page first watches it.
-_KEEP_LUA = """
+_KEEP_LUA = known_script("""
 for _, key in ipairs(KEYS) do
   local kept = redis.pcall('PEXPIRE', key, ARGV[1], 'GT')
   if type(kept) == 'table' and kept.err then redis.call('PEXPIRE', key, ARGV[1]) end
 end
 return 0
-"""
+""")
 # Keys per call of the keep script: Redis serves nobody else while a script runs.
 KEEP_BATCH = 500
 
 # KEYS: stream, origin keys; ARGV: idle_ms. The topic's latest offset: its newest entry's id, or the origin.
-_LATEST_LUA = _ORIGIN_LUA + """
+_LATEST_LUA = known_script(_ORIGIN_LUA + """
 local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 if #newest > 0 then return newest[1][1] end
 return origin(KEYS[2], KEYS[3], ARGV[1])
-"""
+""")
 
 # KEYS: stream, origin keys; ARGV: since (exclusive), count, bytes, idle_ms. One page of history,
 # read atomically with the server's time, the topic's latest offset and the two newest origins,
@@ -211,7 +211,7 @@ return origin(KEYS[2], KEYS[3], ARGV[1])
 # up to 128, never all `count` at once: the script copies what it reads, and Redis
 # serves nobody else while it runs, so reading 1,000 entries of a MiB to keep two would hold
 # every client of Redis for seconds and take a GiB of memory.
-_HISTORY_LUA = _ORIGIN_LUA + """
+_HISTORY_LUA = known_script(_ORIGIN_LUA + """
 local want = tonumber(ARGV[2])
 local budget = tonumber(ARGV[3])
 local page, used = {}, 0
@@ -239,7 +239,7 @@ if #newest > 0 then latest = newest[1][1] end
 local previous = redis.call('GET', KEYS[3])
 if previous then previous = '0-' .. previous else previous = current end
 return {redis.call('TIME'), page, latest, current, previous}
-"""
+""")
 
 # Seconds a call waits for Redis' answer before it raises DependencyError. Set here, not left to
 # redis-py: before redis-py 8 its default is no limit, and a publish or a history read to a Redis

@@ -396,6 +396,26 @@ async def answered_at_start(url: str, read: Awaitable[Any], cls: type[Dependency
 # command's comes as NOPERM, a script's as an error of its own (Redis 7.0 "The user executing
 # the script can't ...", later ones "... no permissions ...").
 _SCRIPT_ACL_DENIALS = ("user executing the script can't", "no permissions")
+# Redis 7.0 names neither the command nor the rule in that refusal, only the script's SHA1 and
+# line: the scripts livepush runs, by SHA1, let the error name the rule the user lacks.
+_SCRIPTS: dict[str, str] = {}
+_SCRIPT_LINE = re.compile(r"script: ([0-9a-f]{40}), on @user_script:([0-9]+)")
+_SCRIPT_CALL = re.compile(r"redis\.p?call\('([A-Za-z]+)'")
+
+
+def known_script(source: str) -> str:
+    """`source`, a Lua script livepush runs, kept so that an ACL's refusal inside it is named."""
+    _SCRIPTS[hashlib.sha1(source.encode("utf-8")).hexdigest()] = source
+    return source
+
+
+def _rule_denied_in_script(exc: BaseException) -> str | None:
+    """The ACL rule (`+xadd`) of the one command on the script line that Redis refused, if known."""
+    found = _SCRIPT_LINE.search(str(exc))
+    lines = _SCRIPTS.get(found[1], "").split("\n") if found else []
+    at = int(found[2]) if found else 0
+    commands = {name.lower() for name in _SCRIPT_CALL.findall(lines[at - 1])} if 0 < at <= len(lines) else set()
+    return f"+{commands.pop()}" if len(commands) == 1 else None
 # What a Redis before 6.2 answers the stream commands of livepush's scripts: it takes an exclusive
 # range's start ("(ID", history reads) for a malformed id, and XTRIM's MINID (prune) for a syntax
 # error. A Redis that livepush supports never says either to them: the scripts send ids they made.
@@ -483,6 +503,10 @@ def _remedy(exc: BaseException, reads: bool) -> str:
         return "Redis is up but still loading its data after a restart: try again once it has loaded"
     if isinstance(exc, NoPermissionError) or (
             isinstance(exc, ResponseError) and any(words in str(exc) for words in _SCRIPT_ACL_DENIALS)):
+        rule = _rule_denied_in_script(exc)
+        if rule:
+            return (f"Redis is up but the ACL of LIVEPUSH_REDIS_URL's user lacks {rule} (a command livepush's scripts "
+                    "run): give it the ACL that docs/security.md shows for the deployment's prefix, which has it")
         return ("Redis is up but the ACL of LIVEPUSH_REDIS_URL's user denies a command or key livepush needs: give "
                 "it the ACL that docs/security.md shows for the deployment's prefix")
     if isinstance(exc, RedisConnectionError) and _POOL_WAIT_ENDED in str(exc):

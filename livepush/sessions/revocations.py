@@ -33,7 +33,7 @@ from ..channels import ListenerSlot
 from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
 from ..redis.client import (LoopClients, answered_at_start, async_client, client_kwargs, deployment_prefix, failed,
-                            listener_name, namespace, own_url)
+                            known_script, listener_name, namespace, own_url)
 from ..redis.subscriber import Subscriber
 from .tokens import MAX_TTL, Session
 
@@ -381,25 +381,25 @@ class PostgresRevocations(RevocationStore):
 
 # Keep the cut-off only if it is later than the one stored: revocations from two processes may
 # arrive in any order. Atomic, since Redis runs a script as one command. Rings the doorbell.
-_REDIS_ADD_SUBJECT = """
+_REDIS_ADD_SUBJECT = known_script("""
 local cur = tonumber(redis.call('GET', KEYS[1]))
 if cur == nil or cur < tonumber(ARGV[1]) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
 redis.call('PUBLISH', ARGV[3], '')
 return 1
-"""
-_REDIS_ADD_SESSION = """
+""")
+_REDIS_ADD_SESSION = known_script("""
 redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
 redis.call('PUBLISH', ARGV[2], '')
 return 1
-"""
+""")
 
 # name: revoked_read -- each key's value, as MGET gives it (nil where none), but the integer 0 for a
 # key that holds another type of value than text (a hash, a list, ...): MGET answers nil for it too,
 # which read a revocation something else overwrote as none. One command, like the MGET it replaces;
 # any other refusal (an ACL's) is raised as MGET's was.
-_REDIS_REVOKED_READ = """
+_REDIS_REVOKED_READ = known_script("""
 local out = {}
 for i, key in ipairs(KEYS) do
   local value = redis.pcall('GET', key)
@@ -412,7 +412,7 @@ for i, key in ipairs(KEYS) do
   out[i] = value
 end
 return out
-"""
+""")
 # What _REDIS_REVOKED_READ answers for a key of another type.
 _OTHER_TYPE = 0
 

@@ -25,11 +25,14 @@ def documented_acl_rules(prefix: str, password: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def documented_user(redis_url: str, prefix: str) -> Iterator[str]:
-    """`redis_url` as a new user with the documented ACL for `prefix`; the user is deleted after."""
+def documented_user(redis_url: str, prefix: str, *, without: str | None = None) -> Iterator[str]:
+    """`redis_url` as a new user with the documented ACL for `prefix` (less the rule `without`,
+    as an operator who left one out would have it); the user is deleted after."""
     admin = redis.Redis.from_url(redis_url)
     name, password = f"app_{uuid.uuid4().hex[:10]}", uuid.uuid4().hex
-    admin.execute_command("ACL", "SETUSER", name, "reset", *documented_acl_rules(prefix, password))
+    rules = documented_acl_rules(prefix, password)
+    assert without is None or without in rules, f"{without} is not in the documented ACL line"
+    admin.execute_command("ACL", "SETUSER", name, "reset", *[rule for rule in rules if rule != without])
     try:
         parts = urlsplit(redis_url)
         yield urlunsplit(parts._replace(netloc=f"{name}:{password}@{parts.netloc}"))
