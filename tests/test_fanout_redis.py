@@ -717,6 +717,18 @@ async def test_an_acl_that_leaves_out_a_command_a_script_runs_is_named_in_one_li
     assert "\n" not in said
 
 
+async def test_a_user_that_may_not_ping_is_refused_at_listen_rather_than_lost_at_every_heartbeat(
+        make_redis: MakeRedis, redis_url: str) -> None:
+    """The listener PINGs a quiet subscription (its heartbeat). A user without +ping subscribed,
+    then lost the listener at every beat and subscribed again: two warnings, and a read of every
+    watched topic's history, every 5 s for ever. listen() refuses it, naming the command."""
+    with documented_user(redis_url, "acl:mine", without="+ping") as user_url:
+        fanout = await make_redis(url=user_url, listen=False, prefix="acl:mine", heartbeat=0.2)
+        with pytest.raises(livepush.ListenError, match="the 'ping' command") as caught:
+            await asyncio.wait_for(fanout.listen(), WAIT)
+    assert "the ACL that docs/security.md shows" in str(caught.value)
+
+
 async def test_a_redis_that_wants_a_password_says_what_the_url_lacks(private_redis: PrivateRedis) -> None:
     """A Redis with a password, and a URL with none, or with the password where the user goes
     (`redis://s3cret@host`, the colon forgotten), said "refused the user or password: correct

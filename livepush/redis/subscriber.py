@@ -149,7 +149,14 @@ class Subscriber:
         self._conn = conn
         await asyncio.wait_for(conn.connect(), self.connect_timeout + 1)
         names = self._channels.names()
+        # The heartbeat's PING first, in the same round trip: a user whose ACL denies it was
+        # subscribed, then lost at every beat and subscribed again, for ever. Refused here, it
+        # fails listen() (or the attempt to subscribe again) saying so. Before SUBSCRIBE, its
+        # answer comes before any message.
+        await conn.send_command("PING")
         await conn.send_command("SUBSCRIBE", *names)
+        if await conn.read_response(timeout=self.connect_timeout) is None:
+            raise TimeoutError(f"no answer to PING within {self.connect_timeout} s")
         confirmed: set[str] = set()
         while len(confirmed) < len(names):
             reply = await conn.read_response(timeout=self.connect_timeout)
