@@ -58,6 +58,7 @@ from .. import metrics, protocol
 from ..errors import DependencyError
 from ..fanout import FanOut
 from ..fanout.base import History
+from ..repeats import Repeats
 from ..types import Message, Offset, StateSource, offset_key
 from .backlog import Kind, past_share
 
@@ -296,6 +297,9 @@ class Hub:
         self._keeping: asyncio.Task[None] | None = None
         self._closed = False
         self._tally = metrics.TALLY
+        # Gaps history could not fill, said at most once a minute: a loss of the whole history
+        # (a restart without persistence) breaks every watched topic at once.
+        self._gaps = Repeats(log)
 
     def source_of(self, topic: str) -> StateSource | None:
         prefix, sep, _ = topic.partition(":")
@@ -710,6 +714,12 @@ class Hub:
         subscriber's goes with the reset, which covers what it skipped (and a floor from before a
         loss of the history would hold back the next chain)."""
         before = set(t.subscribers) | set(t.joining)
+        # Else only the resets metric showed it, and nothing said which topic or why.
+        self._gaps.warning(
+            "the history of %r no longer follows on from %s, where its subscribers stand (most likely the store lost "
+            "it: a restart without persistence, a flush, a Redis maxmemory-policy that evicts, a Postgres crash; "
+            "or it was trimmed before it could be read): %d subscribers get reset",
+            t.name, t.cursor, len(before))
         latest: Offset | None = None
         try:
             latest = await self.fanout.alatest_offset(t.name)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis
@@ -18,6 +21,20 @@ from tests.test_fanout_conformance import PrivateRedis, private_redis  # noqa: F
 from tests.server.test_hub import Sub, fan
 from tests.server.test_postgres_delivery import waiting_inside_a_replay
 from tests.server.test_server import http_get
+
+
+@contextlib.asynccontextmanager
+async def listening_hub(redis_url: str, **options: Any) -> AsyncIterator[tuple[RedisFanOut, Hub]]:
+    """A hub fed by a Redis fan-out that listens, both closed after."""
+    fanout = RedisFanOut(redis_url, **options)
+    hub = Hub(fanout, fan)
+    try:
+        await fanout.listen()
+        fanout.register(hub.on_message)
+        yield fanout, hub
+    finally:
+        await hub.aclose()
+        await fanout.aclose()
 
 
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "no-persistence"])
@@ -88,16 +105,31 @@ async def test_a_page_that_rendered_an_origin_resumes_through_a_redis_restart_wh
     finally:
         await served.stop()
 
+async def test_a_topic_whose_history_redis_evicted_resets_its_subscribers_and_the_server_says_why(
+        redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A Redis with an evicting maxmemory-policy drops a watched topic's stream between two
+    messages (DEL does what the eviction does): its subscribers get `reset`, never the next
+    message as if nothing were missing, and the server says in a WARNING which topic's history
+    broke and what may have broken it, where before only the resets metric showed it."""
+    async with listening_hub(redis_url) as (fanout, hub):
+        sub = Sub()
+        await hub.subscribe(sub, "evicted:a", None, 1)
+        first = await fanout.apublish("evicted:a", {"i": 0})
+        await async_wait_for(lambda: len(sub.frames) == 2, 10, message="the first message")
+        redis.Redis.from_url(redis_url).delete(fanout.key_prefix + "evicted:a")
+        await fanout.apublish("evicted:a", {"i": 1})
+        await async_wait_for(lambda: len(sub.frames) == 3, 10, message="the reset")
+    assert sub.frames[2]["op"] == "reset", sub.frames
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "'evicted:a'" in r.getMessage()]
+    assert len(said) == 1 and first in said[0] and "evict" in said[0], said
+
+
 async def test_a_topic_anchored_on_an_origin_that_moved_on_gets_its_first_message_without_a_reset(
         redis_url: str) -> None:
     """A subscriber joins a topic nothing was published on, so the hub's cursor is the origin;
     the origin moves on (every half idle time) before the topic's first message, which links to
     the new one: the subscriber gets that message live, not a reset."""
-    fanout = RedisFanOut(redis_url, history_ttl=0.1, idle_expire=4)
-    hub = Hub(fanout, fan)
-    try:
-        await fanout.listen()
-        fanout.register(hub.on_message)
+    async with listening_hub(redis_url, history_ttl=0.1, idle_expire=4) as (fanout, hub):
         sub = Sub()
         await hub.subscribe(sub, "anchored:a", None, 1)
         [subscribed] = sub.frames
@@ -109,9 +141,6 @@ async def test_a_topic_anchored_on_an_origin_that_moved_on_gets_its_first_messag
         offset = await fanout.apublish("anchored:a", {"i": 0})
         await async_wait_for(lambda: len(sub.frames) > 1, 10, message="the first message")
         assert [(f["op"], f.get("offset")) for f in sub.frames[1:]] == [("message", offset)]
-    finally:
-        await hub.aclose()
-        await fanout.aclose()
 
 
 async def test_messages_published_while_the_servers_redis_listener_is_away_reach_a_client_that_stayed(
