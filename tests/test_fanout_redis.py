@@ -717,6 +717,21 @@ async def test_an_acl_that_leaves_out_a_command_a_script_runs_is_named_in_one_li
     assert "\n" not in said
 
 
+async def test_an_acl_that_denies_the_deployments_keys_or_channels_says_how_they_are_named(
+        make_redis: MakeRedis, redis_url: str) -> None:
+    """Redis says only that "one of the keys" (or channels) is denied. An operator who wrote the
+    prefix without its braces (`~livepush:12:*`), or another deployment's, is told the patterns
+    the user needs, braces and all."""
+    with documented_user(redis_url, "acl:theirs") as user_url:
+        fanout = await make_redis(url=user_url, listen=False, prefix="acl:mine")
+        with pytest.raises(livepush.DependencyError) as publishing:
+            await fanout.apublish("acl:a", {"i": 0})
+        with pytest.raises(livepush.ListenError) as listening:
+            await asyncio.wait_for(fanout.listen(), WAIT)
+    for caught in (publishing, listening):
+        assert "`~{P}:*` and `&{P}:*`" in str(caught.value), caught.value
+
+
 async def test_a_user_that_may_not_ping_is_refused_at_listen_rather_than_lost_at_every_heartbeat(
         make_redis: MakeRedis, redis_url: str) -> None:
     """The listener PINGs a quiet subscription (its heartbeat). A user without +ping subscribed,

@@ -503,7 +503,13 @@ def _remedy(exc: BaseException, reads: bool) -> str:
         return "Redis is up but still loading its data after a restart: try again once it has loaded"
     if isinstance(exc, NoPermissionError) or (
             isinstance(exc, ResponseError) and any(words in str(exc) for words in _SCRIPT_ACL_DENIALS)):
-        rule = _rule_denied_in_script(exc)
+        said, rule = str(exc), _rule_denied_in_script(exc)
+        if "one of the keys" in said or "channel" in said:
+            # Redis names no key or channel, and a prefix written without its braces
+            # (`~livepush:12:*`) matches none of livepush's.
+            return ("Redis is up but the ACL of LIVEPUSH_REDIS_URL's user denies the deployment's keys or channels, "
+                    "all named `{P}:...`, P being the deployment's prefix (LIVEPUSH_REDIS_PREFIX, else livepush:<database "
+                    "number>) in braces: give it `~{P}:*` and `&{P}:*`, in the ACL that docs/security.md shows")
         if rule:
             return (f"Redis is up but the ACL of LIVEPUSH_REDIS_URL's user lacks {rule} (a command livepush's scripts "
                     "run): give it the ACL that docs/security.md shows for the deployment's prefix, which has it")
