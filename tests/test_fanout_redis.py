@@ -785,6 +785,28 @@ def test_a_redis_still_loading_after_a_restart_says_to_try_again_not_to_check_th
     assert "try again once it has loaded" in str(error) and "Redis is running" not in str(error)
 
 
+@pytest.mark.parametrize("refusal, said", [
+    (redis.exceptions.NoPermissionError, "this user has no permissions to access one of the keys used as arguments"),
+    (redis.exceptions.NoPermissionError, "this user has no permissions to access one of the channels used as arguments"),
+    (redis.ResponseError, "The user executing the script can't access at least one of the keys mentioned in the "
+                          "command script: 0123, on @user_script:4."),
+    # Redis 7.2 and later (and Valkey), a command's and a script's.
+    (redis.exceptions.NoPermissionError, "No permissions to access a key"),
+    (redis.exceptions.NoPermissionError, "No permissions to access a channel"),
+    (redis.ResponseError, "ACL failure in script: No permissions to access a key script: 0123, on @user_script:4."),
+])
+def test_an_acl_that_denies_the_deployments_keys_or_channels_is_told_their_patterns_in_each_redis_wording(
+        refusal: type[Exception], said: str) -> None:
+    """Redis 7.2 and later word a denied key or channel anew ("No permissions to access a key"):
+    it is told the `~{P}:*` and `&{P}:*` patterns as Redis 7.0's wording is, never to check that
+    Redis runs; a command denied to a user whose name holds "channel" is not taken for one."""
+    error = failed("redis://127.0.0.1:6379/0", refusal(said), "publishing on 'acl:a'")
+    assert "`~{P}:*` and `&{P}:*`" in str(error) and "Redis is running" not in str(error), error
+    command = failed("redis://127.0.0.1:6379/0", redis.exceptions.NoPermissionError(
+        "User channel_app has no permissions to run the 'ping' command"), "subscribing")
+    assert "`~{P}:*`" not in str(command) and "ACL" in str(command), command
+
+
 @pytest.mark.parametrize("said", [
     # A history read: XRANGE with an exclusive start, "(ID", came with Redis 6.2.
     "Error running script (call to f_0123): @user_script:13: ERR Invalid stream ID specified as stream command argument",

@@ -394,8 +394,13 @@ async def answered_at_start(url: str, read: Awaitable[Any], cls: type[Dependency
 
 # Words of Redis' refusal of a command that the ACL denies inside a script (EVAL): a plain
 # command's comes as NOPERM, a script's as an error of its own (Redis 7.0 "The user executing
-# the script can't ...", later ones "... no permissions ...").
-_SCRIPT_ACL_DENIALS = ("user executing the script can't", "no permissions")
+# the script can't ...", 7.2 and later "ACL failure in script: ...").
+_SCRIPT_ACL_DENIALS = ("user executing the script can't", "no permissions", "ACL failure in script")
+# Words of Redis' refusal of a key or channel the ACL denies, which name neither: 6.2 and 7.0
+# ("one of the keys used as arguments", in a script "at least one of the keys" or "publish to the
+# channel"), 7.2 and later ("No permissions to access a key", in a script after "ACL failure in
+# script: "). Not "channel" alone: a user named so appears in 7.2's refusal of a command.
+_KEY_OR_CHANNEL_DENIED = re.compile(r"one of the (?:keys|channels)|to the channel|access (?:a|the '.*') (?:key|channel)\b")
 # Redis 7.0 names neither the command nor the rule in that refusal, only the script's SHA1 and
 # line: the scripts livepush runs, by SHA1, let the error name the rule the user lacks.
 _SCRIPTS: dict[str, str] = {}
@@ -504,7 +509,7 @@ def _remedy(exc: BaseException, reads: bool) -> str:
     if isinstance(exc, NoPermissionError) or (
             isinstance(exc, ResponseError) and any(words in str(exc) for words in _SCRIPT_ACL_DENIALS)):
         said, rule = str(exc), _rule_denied_in_script(exc)
-        if "one of the keys" in said or "channel" in said:
+        if _KEY_OR_CHANNEL_DENIED.search(said):
             # Redis names no key or channel, and a prefix written without its braces
             # (`~livepush:12:*`) matches none of livepush's.
             return ("Redis is up but the ACL of LIVEPUSH_REDIS_URL's user denies the deployment's keys or channels, "
