@@ -300,6 +300,9 @@ class Readiness:
                                        "unready: %s", self.canary.refused)
             except Exception as exc:  # the fan-out is down: the canary stays unanswered
                 reraise_if_cancelled()
+                # A refusal said before is no longer known: the grant may be back, and the
+                # detail would send the operator to it rather than to the outage.
+                self.canary.refused = None
                 log.debug("canary publish failed: %s", first_line(exc))
             else:
                 self.canary.refused = None

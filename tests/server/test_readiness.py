@@ -16,7 +16,7 @@ import pytest
 
 from livepush import jobs, metrics, sessions
 from livepush.config import Settings, set_settings
-from livepush.errors import DependencyError
+from livepush.errors import ConfigError, DependencyError
 from livepush.fanout.local import LocalFanOut
 from livepush.jobs import database
 from livepush.server.app import PushServer
@@ -248,6 +248,47 @@ async def test_a_state_ring_that_could_not_be_sent_asks_no_state_source_to_liste
     fanout.now = 100.0
     readiness._relisten_if_deaf(fanout.now)
     assert states.relistens == []
+
+
+class _ScriptedFanOut(LocalFanOut):
+    """A fan-out whose each canary publish waits for the next error put in `failures`, and raises it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures: asyncio.Queue[Exception] = asyncio.Queue()
+        self.publishes = 0
+
+    async def apublish(self, topic: str, data: object, *, conn: object = None) -> str:  # type: ignore[override]
+        failure = await self.failures.get()
+        self.publishes += 1
+        raise failure
+
+
+async def test_a_refused_canary_publish_is_not_named_once_the_fan_out_fails_for_another_reason() -> None:
+    """A refusal (a grant revoked) is named in the canary check; once publishes fail for another
+    reason (the database went away), the check no longer blames the grant, which may be back:
+    the operator is sent to the outage, not to a grant that is there."""
+    fanout = _ScriptedFanOut()
+    readiness = Readiness(fanout, away=lambda: None, draining=lambda: False, every=0.01, bound=5.0,
+                          clock=lambda: 0.0)
+
+    async def detail_after(failure: Exception) -> str:
+        publishes = fanout.publishes + 1
+        fanout.failures.put_nowait(failure)
+        await async_wait_for(lambda: fanout.publishes == publishes, 5.0, message="the canary's publish to fail")
+        return str(json.loads(readiness.report()[1])["checks"]["canary"]["detail"])
+
+    ringing = asyncio.create_task(readiness._ring())
+    try:
+        refused = await detail_after(ConfigError("permission denied for table livepush_topics: run livepush migrate "
+                                                 "--runtime-role ROLE"))
+        assert "its publish was refused: permission denied" in refused, refused
+        away = await detail_after(DependencyError("cannot reach Postgres"))
+        assert "refused" not in away and "permission denied" not in away, away
+    finally:
+        ringing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ringing
 
 
 # -- a real server on each fan-out --------------------------------------------------------------
