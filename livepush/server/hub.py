@@ -625,7 +625,20 @@ class Hub:
                 return dict.fromkeys(live)
             else:
                 self._read_failing.difference_update(live)  # read fine: batched as any other again
+                self._say_gaps(batch, pages)
                 return pages
+
+    def _say_gaps(self, batch: list[_Topic], pages: dict[str, History | None]) -> None:
+        """Say a gap the store's answer shows (no page: its history no longer holds the cursor),
+        else only the resets metric showed it. Here, not at the reset: a read that failed resets
+        too, but is said as that failure, and no loss of history."""
+        for t in batch:
+            if t.name in pages and pages[t.name] is None:
+                self._gaps.warning(
+                    "the history of %r no longer follows on from %s, where its subscribers stand (most likely the "
+                    "store lost it: a restart without persistence, a flush, a Redis maxmemory-policy that evicts, a "
+                    "Postgres crash; or it was trimmed before it could be read): %d subscribers get reset",
+                    t.name, t.cursor, len(set(t.subscribers) | set(t.joining)))
 
     async def _read_apart(self, topics: list[_Topic], exc: DependencyError) -> dict[str, History | None]:
         """The pages of `topics`, whose read together keeps failing while the store answers: each
@@ -714,12 +727,6 @@ class Hub:
         subscriber's goes with the reset, which covers what it skipped (and a floor from before a
         loss of the history would hold back the next chain)."""
         before = set(t.subscribers) | set(t.joining)
-        # Else only the resets metric showed it, and nothing said which topic or why.
-        self._gaps.warning(
-            "the history of %r no longer follows on from %s, where its subscribers stand (most likely the store lost "
-            "it: a restart without persistence, a flush, a Redis maxmemory-policy that evicts, a Postgres crash; "
-            "or it was trimmed before it could be read): %d subscribers get reset",
-            t.name, t.cursor, len(before))
         latest: Offset | None = None
         try:
             latest = await self.fanout.alatest_offset(t.name)

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 
 import pytest
 
-from livepush.errors import DependencyError
+from livepush.errors import ConfigError, DependencyError
 from livepush.fanout.base import HISTORY_PAGE, FanOut, History
 from livepush.fanout.local import LocalFanOut, _new_epoch
 from livepush.server.hub import Hub
@@ -394,6 +394,40 @@ async def test_a_gap_history_cannot_fill_becomes_reset_then_live() -> None:
     fanout.publish("t", "c")
     await settle()
     assert sub.data() == ["a", "c"]
+
+
+class RefusedHistory(DoorbellLocal):
+    """Doorbells only, and every history read refused, as by a role whose SELECT was revoked."""
+
+    async def histories(self, reads: Mapping[str, str]) -> dict[str, History | None]:
+        raise ConfigError("permission denied for table livepush_messages: run livepush migrate --runtime-role ROLE")
+
+
+async def test_a_lost_history_is_said_naming_the_topic_and_a_refused_read_is_not_taken_for_one(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A gap the store's history cannot fill is said in a WARNING naming the topic and what may
+    have lost it; a read the store refused resets its subscribers too, but is said as that
+    refusal alone, never as a history the store lost (a restart, a flush), which it was not."""
+    fanout, hub = await make()
+    sub = Sub()
+    await hub.subscribe(sub, "t", None, 1)
+    fanout.publish("t", "a")
+    await settle()
+    lose_unheard(fanout, "t")
+    fanout.publish("t", "b")
+    await async_wait_for(lambda: "reset" in [f["op"] for f in sub.frames], message="the reset")
+    lost = [r.getMessage() for r in caplog.records if "no longer follows on" in r.getMessage()]
+    assert len(lost) == 1 and "'t'" in lost[0] and "restart without persistence" in lost[0], lost
+    caplog.clear()
+
+    fanout, hub = await make(RefusedHistory())
+    refused = Sub()
+    await hub.subscribe(refused, "r", None, 1)
+    fanout.publish("r", "a")
+    await async_wait_for(lambda: "reset" in [f["op"] for f in refused.frames], message="the reset")
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("permission denied" in line for line in said), said
+    assert not any("no longer follows on" in line for line in said), said
 
 
 async def test_a_refetch_after_a_reset_gets_what_came_after_the_reset_once_after_its_subscribed() -> None:
