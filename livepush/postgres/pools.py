@@ -94,7 +94,7 @@ def _handing_back(conn: Any) -> None:
     status = conn.info.transaction_status
     if status in _QuietHandBacks.QUIET.values():
         _HANDED_BACK[conn] = status
-    else:
+    elif _HANDED_BACK:  # almost always empty: a healthy hand-back makes no weak reference
         _HANDED_BACK.pop(conn, None)
 
 

@@ -625,15 +625,16 @@ class Hub:
                 return dict.fromkeys(live)
             else:
                 self._read_failing.difference_update(live)  # read fine: batched as any other again
-                self._say_gaps(batch, pages)
+                if None in pages.values():  # most reads: every page there, nothing to look for
+                    self._say_gaps(pages)
                 return pages
 
-    def _say_gaps(self, batch: list[_Topic], pages: dict[str, History | None]) -> None:
+    def _say_gaps(self, pages: dict[str, History | None]) -> None:
         """Say a gap the store's answer shows (no page: its history no longer holds the cursor),
         else only the resets metric showed it. Here, not at the reset: a read that failed resets
         too, but is said as that failure, and no loss of history."""
-        for t in batch:
-            if t.name in pages and pages[t.name] is None:
+        for name, page in pages.items():
+            if page is None and (t := self._topics.get(name)) is not None:
                 self._gaps.warning(
                     "the history of %r no longer follows on from %s, where its subscribers stand (most likely the "
                     "store lost it: a restart without persistence, a flush, a Redis maxmemory-policy that evicts, a "

@@ -379,8 +379,9 @@ async def test_duplicates_are_dropped_and_replay_meets_live_without_a_seam() -> 
     assert sub.data() == [2, 3, 4, 5]
 
 
-async def test_a_gap_history_cannot_fill_becomes_reset_then_live() -> None:
-    """If the missed range is gone, subscribers get reset, then the live stream goes on."""
+async def following_past_a_lost_message() -> tuple[LocalFanOut, Hub, Sub]:
+    """A hub and a subscriber of "t" that was sent "a"; then a message history lost, and "b",
+    whose arrival shows the gap (the reset is on its way)."""
     fanout, hub = await make()
     sub = Sub()
     await hub.subscribe(sub, "t", None, 1)
@@ -388,6 +389,12 @@ async def test_a_gap_history_cannot_fill_becomes_reset_then_live() -> None:
     await settle()
     lose_unheard(fanout, "t")
     fanout.publish("t", "b")
+    return fanout, hub, sub
+
+
+async def test_a_gap_history_cannot_fill_becomes_reset_then_live() -> None:
+    """If the missed range is gone, subscribers get reset, then the live stream goes on."""
+    fanout, _, sub = await following_past_a_lost_message()
     await settle()
     ops = [f["op"] for f in sub.frames if f["op"] in ("message", "reset")]
     assert ops == ["message", "reset"] and sub.data() == ["a"]
@@ -408,13 +415,7 @@ async def test_a_lost_history_is_said_naming_the_topic_and_a_refused_read_is_not
     """A gap the store's history cannot fill is said in a WARNING naming the topic and what may
     have lost it; a read the store refused resets its subscribers too, but is said as that
     refusal alone, never as a history the store lost (a restart, a flush), which it was not."""
-    fanout, hub = await make()
-    sub = Sub()
-    await hub.subscribe(sub, "t", None, 1)
-    fanout.publish("t", "a")
-    await settle()
-    lose_unheard(fanout, "t")
-    fanout.publish("t", "b")
+    _, _, sub = await following_past_a_lost_message()
     await async_wait_for(lambda: "reset" in [f["op"] for f in sub.frames], message="the reset")
     lost = [r.getMessage() for r in caplog.records if "no longer follows on" in r.getMessage()]
     assert len(lost) == 1 and "'t'" in lost[0] and "restart without persistence" in lost[0], lost
