@@ -69,7 +69,9 @@ export interface LivePushError {
 export interface LivePushOptions {
   /** Session token, sent in the `Sec-WebSocket-Protocol` header (`livepush.token.<token>`), never in
    * the URL; a function is asked on every connect, and for a renewed token when a topic is refused
-   * `forbidden` on a connection that sent one the server did not take (it then reconnects with it). Prefer the `__Host-livepush_session` cookie when
+   * `forbidden` on a connection that sent one the server did not take, or when the session it sent
+   * ends while connected (close 4403): given another token, the client reconnects with it at once;
+   * given the same one or none, it stops (`unauthorized` after 4403). Prefer the `__Host-livepush_session` cookie when
    * the push server is the page's own host. */
   token?: string | (() => string | null | undefined) | null;
   /** Server `error` frames and exceptions thrown by your callbacks. Never called before `new LivePush()`

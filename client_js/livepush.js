@@ -842,7 +842,8 @@ class Registry {
  *   the `Sec-WebSocket-Protocol` header (`livepush`, `livepush.token.<token>`), which proxies do
  *   not log; a function is called on every connect (to hand over a fresh one), and for a renewed
  *   token when a topic is refused `forbidden` on a connection that sent one the server did not
- *   take (the client then reconnects with it). Prefer the
+ *   take, or when the session it sent ends while connected (close 4403): given another token,
+ *   the client reconnects with it at once; given the same one or none, it stops. Prefer the
  *   `__Host-livepush_session` cookie when the server shares the page's site.
  * @property {((err: LivePushError) => void) | null} [onError] server `error` frames and exceptions from
  *   your callbacks; the connection keeps going. Never called before `new LivePush()` returns, so
@@ -866,8 +867,8 @@ const LIVEPUSH_OPTIONS = Object.freeze(['token', 'onError', 'reconnectAfterMs', 
  * resubscribes every topic from the last offset it saw and drops duplicates.
  *
  * Statuses: `connecting` (first attempt), `open` (hello received), `reconnecting` (lost,
- * waiting or retrying), `closed` (you called close()), `unauthorized` (closed with 4401 or
- * 4403: never retried).
+ * waiting or retrying), `closed` (you called close()), `unauthorized` (closed with 4401, or
+ * with 4403 and no renewed token from a token function: never retried).
  */
 export class LivePush {
   /**
@@ -1158,8 +1159,9 @@ export class LivePush {
         if (!sub || sub.state !== 'pending') return;
         const reason = String(frame.reason ?? 'refused');
         if (TRANSIENT_REFUSALS.has(reason)) return this._retrySubscribe(sub);
-        // Still pending and registered: the new connection sends it again, from its offset.
-        if (reason === 'forbidden' && this._renewToken()) return;
+        // Still pending and registered: the new connection sends it again, from its offset. A
+        // connection that has its session was not refused for want of one.
+        if (reason === 'forbidden' && this._session === null && this._renewToken({})) return;
         // A subscription of the topic unsubscribed while this one waited (it was not the last
         // then) left the server streaming the topic: with this one gone, nobody hears it.
         if (this._registry.remove(sub)) this._release(sub.plainTopic);
@@ -1344,6 +1346,9 @@ export class LivePush {
     this._forgetConnection();
     if (this._stopped) return;
     if (FATAL_CODES.has(code)) {
+      // 4403: the session ended while connected, and a token function may hold a renewed one.
+      // 4401 is not asked: the token was taken from it for this very handshake.
+      if (code === CloseCode.REVOKED && this._renewToken({ code })) return;
       // 4401/4403: the session is missing or revoked; retrying would only hammer the server
       // and never succeed. The page must log in again and create a new LivePush.
       this._refusedCode = code;
@@ -1364,32 +1369,39 @@ export class LivePush {
   }
 
   /**
-   * A topic refused `forbidden` on a connection the server took as anonymous although it sent a
-   * token: the token expired or was revoked while the page was away (LIVEPUSH_AUTHENTICATE=optional).
-   * A token function may hold a renewed one by now: asked once for this refusal, a token other
+   * The token the connection sent no longer holds a session: a topic refused `forbidden` on a
+   * connection taken as anonymous (the token expired or was revoked while the page was away,
+   * LIVEPUSH_AUTHENTICATE=optional), or the session expired or was revoked while connected
+   * (4403). A token function may hold a renewed one by now: asked once for this, a token other
    * than the one sent is worth a new connection at once, on which every subscription goes out
-   * again from its offset. A connection opened that way renews no more: its token was not taken
-   * either, or the server takes none (`off`), and a function that makes a new token each call
-   * would otherwise reconnect for ever.
-   * @returns {boolean} whether the client reconnects with a renewed token
+   * again from its offset. The same token or none (the user signed out) is not: revocation stays
+   * final. A connection opened that way renews no more: its token was not taken either, or the
+   * server takes none (`off`), and a function that makes a new token each call would otherwise
+   * reconnect for ever. A connection that sent no token had its session, if any, from the cookie,
+   * which no token function renews.
+   * @param {StatusInfo} info what `reconnecting` says besides the renewal (the close code)
+   * @returns {boolean} whether that is dealt with: the client reconnects with a renewed token, or
+   *   the token function closed it (the user signed out)
    */
-  _renewToken() {
-    if (typeof this._token !== 'function' || this._sentToken === null || this._session !== null || this._renewedConnection) {
-      return false;
-    }
+  _renewToken(info) {
+    if (typeof this._token !== 'function' || this._sentToken === null || this._renewedConnection) return false;
     let token;
     try {
       token = this._currentToken();
     } catch (error) {
       this._report({ reason: 'handler_error', detail: `the token function, asked for a renewed token: ${describeValue(error)}`, error });
-      return false;
+      // An onError that closed the client on hearing it has ended it, as the function may.
+      return this._stopped;
     }
-    // A token function that closed the client (the user signed out) has ended it.
-    if (this._stopped || !token || token === this._sentToken) return false;
+    // A token function that closed the client (the user signed out) has ended it: nothing is
+    // reported or announced after `closed`.
+    if (this._stopped) return true;
+    if (!token || token === this._sentToken) return false;
+    // After a 4403 the socket is gone already; after a refusal it is still open.
     this._closeSocket('token renewed');
     this._forgetConnection();
     this._helloAt = null;
-    this._setStatus(Status.RECONNECTING, { reason: 'token renewed', delayMs: 0, tries: this._tries });
+    this._setStatus(Status.RECONNECTING, { ...info, reason: 'token renewed', delayMs: 0, tries: this._tries });
     this._connect(token);
     return true;
   }

@@ -118,6 +118,167 @@ test('close 4401 right after the handshake (no hello) also stops', () => {
   assert.equal(h.sockets.length, 1);
 });
 
+/**
+ * A client whose token function gives `first-token` at the connect and what `renew()` gives when
+ * asked again, open and subscribed to `topics`, with a message delivered on each.
+ */
+function connectedWithTokenFunction(renew, topics = ['user:7', 'public:news']) {
+  const held = { asked: 0 };
+  const h = harness({ token: () => (++held.asked === 1 ? 'first-token' : renew()) });
+  const got = topics.map((topic) => {
+    const seen = [];
+    h.lp.subscribe(topic, (data) => seen.push(data));
+    return seen;
+  });
+  h.last().hello({ session: { subject: '7' } });
+  h.last().acceptSubscribes();
+  topics.forEach((topic, i) => h.last().receive({ op: 'message', topic, offset: String(10 + i), data: `before ${i}` }));
+  return { h, held, got };
+}
+
+test('a session that ends while connected (4403) reconnects at once with the token the token function renewed, every subscription from its offset', () => {
+  // The page renewed its token meanwhile (its own timer, a fetch); the old session then expired
+  // or was revoked while the socket was open.
+  const { h, held, got } = connectedWithTokenFunction(() => 'fresh-token');
+  h.last().serverClose(4403, 'session revoked');
+  assert.equal(held.asked, 2, 'asked once at the connect and once for the 4403');
+  assert.equal(h.sockets.length, 2, 'a new connection at once, no backoff');
+  assert.deepEqual(h.last().protocols, ['livepush', 'livepush.token.fresh-token']);
+  assert.equal(held.asked, 2, 'the new connection offers the token the function gave, without asking again');
+  assert.deepEqual(h.statuses.map((s) => s.status), ['open', 'reconnecting']);
+  assert.deepEqual(h.statuses.at(-1), { status: 'reconnecting', code: 4403, reason: 'token renewed', delayMs: 0, tries: 0 });
+  assert.deepEqual(h.clock.pending().filter((ms) => ms > 10_000), [], 'no reconnect timer: the attempt is under way');
+
+  const ws = h.last();
+  ws.hello({ session: { subject: '7' } });
+  // Each subscription resumes from the offset it last delivered, as after any reconnect.
+  assert.deepEqual(ws.frames('subscribe').map((f) => `${f.topic} since ${f.since}`), ['user:7 since 10', 'public:news since 11']);
+  ws.acceptSubscribes();
+  ws.receive({ op: 'message', topic: 'user:7', offset: '12', data: 'after' });
+  assert.deepEqual(got, [['before 0', 'after'], ['before 1']]);
+  assert.equal(h.lp.status, 'open');
+  assert.deepEqual(h.lp.session, { subject: '7' });
+  assert.deepEqual(h.errors, []);
+  h.lp.close();
+});
+
+test('on 4403 a token function that gives the same token, none, or throws stops the client for good, as a fixed token does', () => {
+  // Revocation stays safe: a page whose user signed out returns the old token or none.
+  const cases = {
+    'the same token': () => 'first-token',
+    null: () => null,
+    undefined: () => undefined,
+    'an empty token': () => '',
+    'a throwing function': () => { throw new Error('storage unavailable'); },
+  };
+  for (const [name, renew] of Object.entries(cases)) {
+    const { h, held } = connectedWithTokenFunction(renew, ['user:7']);
+    h.last().serverClose(4403, 'session revoked');
+    assert.equal(held.asked, 2, name);
+    assert.equal(h.lp.status, 'unauthorized', name);
+    assert.deepEqual(h.statuses.at(-1), { status: 'unauthorized', code: 4403, reason: 'session revoked' }, name);
+    assert.equal(h.sockets.length, 1, `${name}: no new socket`);
+    assert.deepEqual(h.clock.pending(), [], `${name}: a timer is still pending`);
+    assert.throws(() => h.lp.subscribe('public:x', () => {}), /refused its session \(4403/, name);
+    if (name === 'a throwing function') {
+      assert.deepEqual(h.errors.map((e) => e.reason), ['handler_error']);
+      assert.match(h.errors[0].detail, /token function.*storage unavailable/);
+    } else {
+      assert.deepEqual(h.errors, [], name);
+    }
+  }
+});
+
+test('a 4403 on the connection opened with a renewed token stops for good: one renewal, never a loop', () => {
+  // A function that makes a new token on every call must not reconnect for ever.
+  let n = 0;
+  const h = harness({ token: () => `tok-${++n}` });
+  h.lp.subscribe('user:7', () => {});
+  h.last().hello({ session: { subject: '7' } });
+  h.last().serverClose(4403);
+  assert.deepEqual(h.last().protocols, ['livepush', 'livepush.token.tok-2']);
+  h.last().hello({ session: { subject: '7' } });
+  h.last().serverClose(4403);
+  assert.equal(n, 2, 'the connection opened for the renewal does not ask again');
+  assert.equal(h.sockets.length, 2);
+  assert.equal(h.lp.status, 'unauthorized');
+  assert.deepEqual(h.statuses.map((s) => s.status), ['open', 'reconnecting', 'open', 'unauthorized']);
+
+  // A connection opened with a renewed token after a `forbidden` refusal does not renew either.
+  let m = 0;
+  const refused = harness({ token: () => `tok-${++m}` });
+  refused.lp.subscribe('user:7', () => {});
+  refused.last().hello({ session: null });
+  refused.last().receive({ op: 'refused', ref: refused.last().frames('subscribe')[0].ref, reason: 'forbidden' });
+  assert.equal(refused.sockets.length, 2);
+  refused.last().hello({ session: { subject: '7' } });
+  refused.last().serverClose(4403);
+  assert.equal(m, 2);
+  assert.equal(refused.lp.status, 'unauthorized');
+});
+
+test('a connection opened after a renewal without one (the network dropped) renews again on 4403', () => {
+  let n = 0;
+  const h = harness({ token: () => `tok-${++n}` });
+  h.last().hello();
+  h.last().serverClose(4403);
+  h.last().hello();
+  h.last().serverClose(1006);
+  h.clock.advance(h.clock.pending()[0]);
+  assert.deepEqual(h.last().protocols, ['livepush', 'livepush.token.tok-3']);
+  h.last().hello();
+  h.last().serverClose(4403);
+  assert.equal(h.sockets.length, 4);
+  assert.deepEqual(h.last().protocols, ['livepush', 'livepush.token.tok-4']);
+  assert.equal(h.lp.status, 'reconnecting');
+  h.lp.close();
+});
+
+test('4401, and a 4403 on a connection that sent no token, ask no token function and stop for good', () => {
+  // 4401: no valid session at the handshake, which the function was asked for just before.
+  let asked = 0;
+  const h = harness({ token: () => `tok-${++asked}` });
+  h.last().serverClose(4401);
+  assert.equal(asked, 1);
+  assert.equal(h.lp.status, 'unauthorized');
+  assert.equal(h.sockets.length, 1);
+
+  // No token sent: the session that ended came from the cookie, which no token function renews.
+  let cookieAsked = 0;
+  const cookie = harness({ token: () => { cookieAsked += 1; return null; } });
+  cookie.last().hello({ session: { subject: '7' } });
+  cookie.last().serverClose(4403);
+  assert.equal(cookieAsked, 1);
+  assert.equal(cookie.lp.status, 'unauthorized');
+  assert.equal(cookie.sockets.length, 1);
+});
+
+test('a token function that closes the client when asked on 4403 leaves it closed, with nothing reported', () => {
+  // The user signed out: the page's sign-out closed the client from inside the token function.
+  let asked = 0;
+  const h = harness({ token: () => (++asked === 1 ? 'first-token' : (h.lp.close(), 'fresh-token')) });
+  h.last().hello({ session: { subject: '7' } });
+  h.last().serverClose(4403);
+  assert.equal(h.lp.status, 'closed');
+  assert.deepEqual(h.statuses.map((s) => s.status), ['open', 'closed']);
+  assert.equal(h.sockets.length, 1);
+  assert.deepEqual(h.errors, []);
+  assert.deepEqual(h.clock.pending(), []);
+});
+
+test('an onError that closes the client on hearing the token function threw on 4403 leaves it closed', () => {
+  let asked = 0;
+  const h = harness({
+    token: () => { if (++asked > 1) throw new Error('storage unavailable'); return 'first-token'; },
+    onError: () => h.lp.close(),
+  });
+  h.last().hello({ session: { subject: '7' } });
+  h.last().serverClose(4403);
+  assert.equal(h.lp.status, 'closed');
+  assert.deepEqual(h.statuses.map((s) => s.status), ['open', 'closed']);
+  assert.deepEqual(h.clock.pending(), []);
+});
+
 test('close 1001 (server going away) waits a short, jittered, non-zero delay', () => {
   const seen = [];
   for (let i = 0; i < 300; i++) {

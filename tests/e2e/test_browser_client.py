@@ -244,6 +244,65 @@ async def test_a_stale_token_taken_as_anonymous_is_renewed_from_the_token_functi
     await client_page.evaluate("e2e.renewed.close()")
 
 
+@pytest.mark.parametrize("ending", ["revoked", "expired"])
+async def test_a_session_that_ends_while_connected_is_renewed_from_the_token_function_and_nothing_is_missed(
+    client_page: Page, push_server: PushServer, web_app: None, ending: str
+) -> None:
+    """A page's session is revoked, or expires, while it is connected: the server closes with 4403.
+    The page's token function holds a fresh session by then: the client reconnects with it at once
+    and resumes from its offset, so every message published before, during and after the renewal
+    arrives once, in order, with nothing told to onError."""
+    push_server.args = ("--app", "tests.support.security_app:fast_reverify")  # rule user:{subject}
+    await push_server.restart()
+    sockets: list[WebSocket] = []
+    client_page.on("websocket", lambda ws: sockets.append(ws))
+    first = sessions.issue("user-1", ttl=3 if ending == "expired" else 86400)
+    fresh = sessions.issue("user-1")
+    topic = "user:user-1"
+    await client_page.evaluate(
+        """([topic, first, fresh]) => {
+            // The page renews its token before the session ends (its own timer, a fetch).
+            let asked = 0;
+            return e2e.watch(topic, {token: () => (++asked === 1 ? first : fresh)});
+        }""",
+        [topic, first, fresh],
+    )
+    await client_page.wait_for_function("e2e.lp.status === 'open' && e2e.subscribed >= 1")
+    await push_server.publish(topic, {"n": 1})
+    await messages_reach(client_page, 1)
+
+    # Published all along, so that some are published while the page reconnects.
+    stop = asyncio.Event()
+    published = [1]
+
+    async def keep_publishing() -> None:
+        while not stop.is_set():
+            published.append(published[-1] + 1)
+            await push_server.publish(topic, {"n": published[-1]})
+            await asyncio.sleep(0.02)
+
+    publisher = asyncio.create_task(keep_publishing())
+    try:
+        if ending == "revoked":
+            await asyncio.to_thread(sessions.revoke, first)
+        await client_page.wait_for_function("e2e.subscribed >= 2 && e2e.lp.status === 'open'")
+        # Some published on the renewed connection too, live.
+        await client_page.wait_for_function("n => e2e.messages.includes(n)", arg=published[-1] + 5)
+    finally:
+        stop.set()
+        await asyncio.wait_for(publisher, 10)
+    assert await messages_reach(client_page, published[-1]) == published
+
+    renewal = (await client_page.evaluate("e2e.statuses"))[1]
+    assert (renewal["status"], renewal["code"], renewal["reason"], renewal["delayMs"]) == (
+        "reconnecting", 4403, "token renewed", 0), renewal
+    assert await client_page.evaluate("e2e.statusNames()") == ["open", "reconnecting", "open"]
+    assert await client_page.text_content("#subject") == "as user-1"
+    assert await client_page.evaluate("e2e.errors") == []
+    assert len(sockets) == 2, [ws.url for ws in sockets]
+    await client_page.evaluate("e2e.lp.close()")
+
+
 async def test_waking_up_pings_the_server_and_keeps_a_live_connection(client_page: Page, push_server: PushServer) -> None:
     """The page becoming visible again, or the network coming back, makes the client ping at once;
     the server answers within the client's grace, so a live connection is kept: no new socket, no
