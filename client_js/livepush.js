@@ -1375,16 +1375,21 @@ export class LivePush {
    * (4403). A token function may hold a renewed one by now: asked once for this, a token other
    * than the one sent is worth a new connection at once, on which every subscription goes out
    * again from its offset. The same token or none (the user signed out) is not: revocation stays
-   * final. A connection opened that way renews no more: its token was not taken either, or the
-   * server takes none (`off`), and a function that makes a new token each call would otherwise
-   * reconnect for ever. A connection that sent no token had its session, if any, from the cookie,
+   * final. A connection opened that way renews no more, unless its session held for
+   * STABLE_AFTER_MS before a 4403 ended it: its token was not taken either, or the server takes
+   * none (`off`), and a function that makes a new token each call would otherwise reconnect for
+   * ever. A connection that sent no token had its session, if any, from the cookie,
    * which no token function renews.
    * @param {StatusInfo} info what `reconnecting` says besides the renewal (the close code)
    * @returns {boolean} whether that is dealt with: the client reconnects with a renewed token, or
    *   the token function closed it (the user signed out)
    */
   _renewToken(info) {
-    if (typeof this._token !== 'function' || this._sentToken === null || this._renewedConnection) return false;
+    // A renewed session that then held for a while was taken: its end, later, is the next
+    // expiry of a page that renews its token on a timer, not the loop the rule above prevents.
+    const held = info.code === CloseCode.REVOKED && this._helloAt !== null
+      && this._clock.now() - this._helloAt >= STABLE_AFTER_MS;
+    if (typeof this._token !== 'function' || this._sentToken === null || (this._renewedConnection && !held)) return false;
     let token;
     try {
       token = this._currentToken();

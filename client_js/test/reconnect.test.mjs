@@ -217,6 +217,27 @@ test('a 4403 on the connection opened with a renewed token stops for good: one r
   assert.equal(refused.lp.status, 'unauthorized');
 });
 
+test('a renewed session that held for STABLE_AFTER_MS is renewed again on its own 4403: a page renewing on a timer keeps going', () => {
+  // Tokens of an hour, renewed by the page before each runs out: every expiry is one reconnect.
+  let n = 0;
+  const h = harness({ token: () => `tok-${++n}` });
+  h.last().hello({ session: { subject: '7' } });
+  h.last().serverClose(4403);
+  h.last().hello({ session: { subject: '7' } });
+  h.clock.advance(STABLE_AFTER_MS);
+  h.last().serverClose(4403);
+  assert.equal(h.sockets.length, 3);
+  assert.deepEqual(h.last().protocols, ['livepush', 'livepush.token.tok-3']);
+  assert.deepEqual(h.statuses.map((s) => s.status), ['open', 'reconnecting', 'open', 'reconnecting']);
+
+  // Held for less: a session ended that soon may be the renewed token's own fault, so no loop.
+  h.last().hello({ session: { subject: '7' } });
+  h.clock.advance(STABLE_AFTER_MS - 1);
+  h.last().serverClose(4403);
+  assert.equal(h.sockets.length, 3);
+  assert.equal(h.lp.status, 'unauthorized');
+});
+
 test('a connection opened after a renewal without one (the network dropped) renews again on 4403', () => {
   let n = 0;
   const h = harness({ token: () => `tok-${++n}` });
