@@ -310,6 +310,33 @@ def test_prepared_statements_left_on_behind_transaction_mode_fail_naming_the_set
     assert "_pg3_" in message, message  # the driver's own words are kept
 
 
+def test_a_pgbouncer_at_its_max_client_conn_is_said_as_full_with_what_to_raise_not_as_postgres_unreachable(
+        pg_admin_url: str, pg_url: str) -> None:
+    """PgBouncer that takes no more clients (its max_client_conn reached) is up, and so is Postgres
+    behind it: a publish through it fails with DependencyError (an outage to retry) that keeps
+    PgBouncer's words and says what to change, its max_client_conn or the connections livepush
+    opens through it, never "cannot reach Postgres ... check that the server is running"."""
+    bouncer = start_pgbouncer(pg_admin_url, max_client_conn=1)
+    try:
+        url = through(bouncer, pg_url)
+        # The one client it takes (once the start's probe, closed, has left its slot).
+        held = wait_for(lambda: psycopg.connect(url, autocommit=True), 10.0, interval=0.05,
+                        ignore=(psycopg.OperationalError,), message="the pooler's one client slot")
+        try:
+            with settings_through(url), pytest.raises(DependencyError) as caught:
+                api.publish("news:full", {"n": 1})
+        finally:
+            held.close()
+    finally:
+        bouncer.stop()
+    message = str(caught.value)
+    assert "no more connections allowed (max_client_conn)" in message, message
+    advice = message.split("(max_client_conn)", 1)[1]
+    assert "PgBouncer" in message and "max_client_conn" in advice, message
+    assert "LIVEPUSH_WORKERS" in message, message
+    assert "cannot reach" not in message and "that the server is running" not in message, message
+
+
 def test_migrate_through_transaction_mode(pg_admin_url: str, transaction_pool: PgBouncer) -> None:
     """`migrate()` runs in one transaction under a transaction-level advisory lock, so it holds
     through transaction mode too (preparing off): the schema is complete and a second run finds

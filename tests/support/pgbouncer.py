@@ -80,7 +80,7 @@ class PgBouncer:
 
 
 def _config(pg_host: str, pg_port: int, port: int, pool_mode: str, folder: Path, user: str,
-            max_prepared_statements: int | None) -> str:
+            max_prepared_statements: int | None, max_client_conn: int) -> str:
     lines = [
         "[databases]",
         # Any database name a client asks for goes to the same name on the test PostgreSQL.
@@ -93,7 +93,7 @@ def _config(pg_host: str, pg_port: int, port: int, pool_mode: str, folder: Path,
         f"auth_file = {folder / 'userlist.txt'}",
         f"admin_users = {user}",
         f"pool_mode = {pool_mode}",
-        "max_client_conn = 500",
+        f"max_client_conn = {max_client_conn}",
         "default_pool_size = 20",
         f"logfile = {folder / 'pgbouncer.log'}",
         f"pidfile = {folder / 'pgbouncer.pid'}",
@@ -104,9 +104,10 @@ def _config(pg_host: str, pg_port: int, port: int, pool_mode: str, folder: Path,
 
 
 def start_pgbouncer(admin_url: str, *, pool_mode: str = "transaction",
-                    max_prepared_statements: int | None = None) -> PgBouncer:
+                    max_prepared_statements: int | None = None, max_client_conn: int = 500) -> PgBouncer:
     """PgBouncer in `pool_mode` (transaction or session) in front of the PostgreSQL at `admin_url`,
-    on a free port; returns once a client can run a query through it."""
+    on a free port, taking at most `max_client_conn` clients at once; returns once a client can
+    run a query through it."""
     binary = pgbouncer_binary()
     info = psycopg.conninfo.conninfo_to_dict(admin_url)
     user = str(info.get("user") or "postgres")
@@ -114,7 +115,8 @@ def start_pgbouncer(admin_url: str, *, pool_mode: str = "transaction",
     folder = Path(tempfile.mkdtemp(prefix="pgbouncer-", dir=base))
     port = free_port()
     (folder / "pgbouncer.ini").write_text(_config(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432),
-                                                  port, pool_mode, folder, user, max_prepared_statements))
+                                                  port, pool_mode, folder, user, max_prepared_statements,
+                                                  max_client_conn))
     (folder / "userlist.txt").write_text(f'"{user}" ""\n')
     cmd = [binary, str(folder / "pgbouncer.ini")]
     if os.geteuid() == 0:
