@@ -33,7 +33,7 @@ import contextlib
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 import psycopg
@@ -44,8 +44,9 @@ from ..channels import ListenerSlot
 from ..postgres.listener import Listener
 from ..postgres.pools import LoopPools
 from ..postgres.text import BIGINT_MAX
+from ..postgres.urls import redact
 from ..types import JSON, Message, Offset, Topic
-from ..errors import ArgumentTypeError, ArgumentValueError
+from ..errors import ArgumentTypeError, ArgumentValueError, ConfigError, first_line
 from .base import (HISTORY_PAGE, HISTORY_PAGE_BYTES, IDLE_EXPIRE, READ_BYTES, FanOut, History, encode_batch,
                    encode_payload, good_origin, idle_expiry, origin_number, plain_topic)
 
@@ -317,6 +318,23 @@ def fitted_batch(conn: Any, encoded: list[tuple[Topic, str]], built: Statements)
     return _many_statements([(topic, _NON_ASCII.sub(_escaped, text)) for topic, text in encoded])
 
 
+# What a server's reads of the log (history(), alatest_offset()) need, named when the role is
+# refused one: the driver's error names the one object it stopped at, not the privilege.
+_READS_NEED = "SELECT on livepush_topics, livepush_messages and livepush_log, and EXECUTE on livepush_log_epoch()"
+
+
+@contextlib.contextmanager
+def _read_refused(url: str) -> Iterator[None]:
+    """Around a read of the log: a privilege the role lacks becomes ConfigError naming what reads
+    need and what grants it, inside translated(), which passes ours through."""
+    try:
+        yield
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise ConfigError(f"the database role may not read the message log at {redact(url)} ({first_line(exc)}): "
+                          f"reads need {_READS_NEED}; run `livepush migrate --runtime-role ROLE` as the schema's "
+                          "owner, which grants them") from exc
+
+
 def callers_connection(conn: Any, call: str) -> None:
     """Refuses a `conn=` that `call` cannot publish in: one of the other kind (sync or async), or one
     its caller closed before the call. A closed one that is not broken was closed on purpose (a
@@ -577,7 +595,7 @@ class PostgresFanOut(FanOut):
         `timeout` caps the wait for the connection, psycopg_pool's 30 s otherwise: while Postgres
         restarts that wait is all a read does. A statement sent is not cut short: cancelling one
         waits for the server's answer to the cancel, and a restart fails it at once."""
-        with translated(self.url):
+        with translated(self.url), _read_refused(self.url):
             async with (await self._pools.aget()).connection(timeout=timeout) as c:
                 yield c
 

@@ -10,7 +10,9 @@ Five checks, each named in the JSON body (docs/reference.md#9-operations):
   through its listener (the Redis or the local fan-out with the jobs in another database, the
   local fan-out with the revocations in Redis). A listener can
   look connected and hear nothing (a wedged subscription, a proxy that dropped it); only a
-  message that went all the way round proves it hears;
+  message that went all the way round proves it hears. After each canary published, its topic
+  is read from the history from its offset: a role refused that read (a grant revoked) hears
+  its canary but serves no history, and on Postgres no live message either;
 - schema: the database's schema is not older than this code needs (checked every SCHEMA_EVERY
   seconds, when the server has a database; a check given no answer within SCHEMA_TIMEOUT keeps
   the last verdict, so that the canaries go on);
@@ -93,6 +95,10 @@ class Canary:
     # Why its last publish was refused (a ConfigError: a privilege the role lacks), None once one
     # went out: no outage that heals by itself, so /readyz says it rather than only "late".
     refused: str | None = None
+    # Why the read of its topic's history after its last publish was refused, None once one was
+    # made: a role that may publish but not read hears its canary, yet serves no history (and, on
+    # Postgres, no live message: a doorbell is read from the log).
+    unread: str | None = None
 
     def sent(self, at: float) -> list[object]:
         self.gauge_wait(at)
@@ -157,6 +163,10 @@ class Canary:
             body["detail"] = self.first
         if self.refused is not None and "detail" in body:
             body["detail"] = f"{body['detail']}: its publish was refused: {self.refused}"
+        if self.unread is not None:
+            ok = body["ok"] = False
+            said = f"reading the canary's topic from the history was refused: {self.unread}"
+            body["detail"] = f"{body['detail']}; {said}" if "detail" in body else said
         return ok, body
 
 
@@ -307,6 +317,7 @@ class Readiness:
             else:
                 self.canary.refused = None
                 self.canary.published(entry, offset)
+                await self._read_back(offset)
             if self._schema is not None and self.clock() >= next_schema:
                 next_schema = self.clock() + self.schema_every
                 await self._check_schema()
@@ -315,6 +326,25 @@ class Readiness:
             # on this loop for ever.
             reraise_if_cancelled()
             await asyncio.sleep(self.every)
+
+    async def _read_back(self, offset: Offset) -> None:
+        """Read the canary's topic from the canary's `offset` (at most one message: another
+        server's canary), as a subscribe with history reads: a role refused that read (a grant
+        revoked) serves no history, which no round trip of the canary shows. Only a refusal counts;
+        a read that fails otherwise leaves the outage to the canary."""
+        try:
+            await self.fanout.history(CANARY_TOPIC, offset, limit=1, timeout=self.canary.bound)
+        except ConfigError as exc:  # a privilege the role lacks: said as the publish's refusal is
+            reraise_if_cancelled()
+            self.canary.unread = first_line(exc)
+            self._refusals.warning("the readiness canary's topic could not be read from the history, so this server "
+                                   "stays unready: %s", self.canary.unread)
+        except Exception as exc:
+            reraise_if_cancelled()
+            self.canary.unread = None  # not known now: the grant may be back
+            log.debug("canary history read failed: %s", first_line(exc))
+        else:
+            self.canary.unread = None
 
     async def _check_schema(self) -> None:
         assert self._schema is not None

@@ -317,6 +317,21 @@ async def test_a_runtime_role_that_may_not_prune_is_told_in_one_line_each_cycle_
         await served.stop()
 
 
+async def readyz_naming_refusal(port: int, table: str) -> str:
+    """The `canary` check's detail of the server on `port` once it names a privilege refused on
+    `table`; /readyz answers 503 all along."""
+    from tests.server.test_server import http_get
+    from tests.support.waiting import async_wait_for
+
+    async def refused_in_readyz() -> str | None:
+        status, body = await http_get(port, "/readyz")
+        assert status == 503, body
+        detail = str(json.loads(body)["checks"]["canary"].get("detail", ""))
+        return detail if f"permission denied for table {table}" in detail else None
+
+    return await async_wait_for(refused_in_readyz, 20, 0.2, message=f"/readyz to name the refused privilege on {table}")
+
+
 async def test_a_server_whose_role_may_not_publish_its_readiness_canary_says_why_it_is_not_ready(
         runtime_url: str, pg_url: str, secret: str, caplog: pytest.LogCaptureFixture) -> None:
     """A runtime role that lost UPDATE on the topics (a grant revoked by hand) cannot publish the
@@ -324,25 +339,45 @@ async def test_a_server_whose_role_may_not_publish_its_readiness_canary_says_why
     privilege and what to run, rather than only "no canary came back", which sends the operator
     to the network and the listener."""
     from tests.server.conftest import make_settings, start_served
-    from tests.server.test_server import http_get
-    from tests.support.waiting import async_wait_for
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(psycopg.sql.SQL("REVOKE UPDATE ON livepush_topics FROM {}").format(
             psycopg.sql.Identifier(role_of(runtime_url))))
     served = await start_served(make_settings("postgres", secret, runtime_url, None))
     try:
-        async def refused_in_readyz() -> str | None:
-            status, body = await http_get(served.server.port, "/readyz")
-            assert status == 503, body
-            detail = str(json.loads(body)["checks"]["canary"].get("detail", ""))
-            return detail if "permission denied for table livepush_topics" in detail else None
-
-        detail = await async_wait_for(refused_in_readyz, 20, 0.2, message="/readyz to name the refused privilege")
+        detail = await readyz_naming_refusal(served.server.port, "livepush_topics")
         assert "--runtime-role" in detail, detail
         said = [r.getMessage() for r in caplog.records
                 if r.levelname == "WARNING" and "permission denied for table livepush_topics" in r.getMessage()]
         assert len(said) == 1 and "canary" in said[0] and "--runtime-role" in said[0], said
+    finally:
+        await served.stop()
+
+
+async def test_a_server_whose_role_may_not_read_the_message_log_is_not_ready_until_granted(
+        runtime_url: str, pg_url: str, secret: str) -> None:
+    """A runtime role that lost SELECT on the messages (a grant revoked by hand) publishes and hears
+    the readiness canary, but can serve no history, nor, on Postgres, any live message (a doorbell
+    is read from the log): /readyz stays 503, its body naming the table, the privilege and what to
+    run, and turns 200 once the grant is back."""
+    from tests.server.conftest import make_settings, start_served
+    from tests.server.test_server import http_get
+    from tests.support.waiting import async_wait_for
+
+    role = psycopg.sql.Identifier(role_of(runtime_url))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("REVOKE SELECT ON livepush_messages FROM {}").format(role))
+    served = await start_served(make_settings("postgres", secret, runtime_url, None))
+    try:
+        detail = await readyz_naming_refusal(served.server.port, "livepush_messages")
+        assert "SELECT" in detail and "--runtime-role" in detail, detail
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(psycopg.sql.SQL("GRANT SELECT ON livepush_messages TO {}").format(role))
+
+        async def ready() -> bool:
+            return (await http_get(served.server.port, "/readyz"))[0] == 200
+
+        await async_wait_for(ready, 20, 0.2, message="/readyz to turn 200 once SELECT is granted")
     finally:
         await served.stop()
 

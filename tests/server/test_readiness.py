@@ -113,6 +113,21 @@ def test_another_servers_canaries_are_not_ours() -> None:
     assert canary.check(5.0)[0] is False
 
 
+def test_a_canary_that_came_back_but_whose_topic_could_not_be_read_is_not_ready_until_a_read_succeeds() -> None:
+    """Hearing the canary is not enough: a server whose read of the history was refused serves no
+    history, so the check fails naming that refusal, and passes again once a read is made."""
+    canary = Canary(bound=5.0)
+    entry = canary.sent(0.0)
+    canary.published(entry, "1-1")
+    canary.on_heard("1-1", 0.01)
+    canary.unread = "permission denied for table livepush_messages: run livepush migrate --runtime-role ROLE"
+    ok, body = canary.check(0.5)
+    assert not ok and body["ok"] is False, body
+    assert "history was refused: permission denied" in str(body["detail"]), body
+    canary.unread = None
+    assert canary.check(0.5) == (True, {"ok": True, "bound_seconds": 5.0, "round_trip_ms": 10.0})
+
+
 @dataclasses.dataclass(frozen=True)
 class _JobTopics:
     """A state source as far as /readyz reads one: the prefixes it serves."""
