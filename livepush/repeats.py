@@ -21,13 +21,16 @@ EVERY_SECONDS = 60.0
 
 class Repeats:
     """`warning(message, *args)`: logged unless the same message (its format, not its values) was
-    logged less than `every` seconds ago; counted then, and the count said with the next one."""
+    logged less than `every` seconds ago; counted then, and the count said with the next one.
+    `shown` turns each argument into what the line shows (a runtime's: a refused grant as the
+    command that grants it), only for the lines logged."""
 
     def __init__(self, logger: logging.Logger, every: float = EVERY_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, shown: Callable[[Any], Any] | None = None) -> None:
         self.logger = logger
         self.every = every
         self.clock = clock
+        self.shown = shown
         self._said: dict[str, tuple[float, int]] = {}  # message format -> (said at, not said since)
 
     def warning(self, message: str, *args: Any) -> None:
@@ -37,6 +40,8 @@ class Repeats:
             self._said[message] = (said_at, unsaid + 1)
             return
         self._said[message] = (now, 0)
+        if self.shown is not None:
+            args = tuple(map(self.shown, args))
         if unsaid:
             self.logger.warning(message + " (%d more like it in the last %s, said at most once a minute)",
                                 *args, unsaid, _ago(now - said_at))  # type: ignore[operator]

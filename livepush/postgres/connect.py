@@ -303,6 +303,15 @@ def translate(url: str, exc: BaseException) -> Exception:
     return DependencyError(f"Postgres at {redact(url)} failed: {_reason(url, exc)}")
 
 
+def as_warned(url: str, exc: BaseException) -> BaseException:
+    """What a warning of work that goes on (a runtime's loops, tried again) shows of `exc`: a
+    privilege the role lacks as translate() says it, with the command that grants it, where the
+    driver names only the table; anything else as it was raised, its own words."""
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return translate(url, exc)
+    return exc
+
+
 @contextlib.contextmanager
 def translated(url: str) -> Iterator[None]:
     """Around a public call's database work (sync or async): psycopg errors become ours.

@@ -262,6 +262,27 @@ def test_serve_with_jobs_whose_runtime_cannot_start_exits_at_once_with_its_error
         assert "[worker 2 " not in stderr and "before it served" in stderr, child.output()
 
 
+def test_a_runtime_whose_role_may_not_beat_says_what_to_run_in_its_warning(
+    runtime_url: str, pg_url: str, livepush_env: Callable[..., dict[str, str]], procs: Processes
+) -> None:
+    """A runtime role that lost UPDATE on the runtimes' table (a grant revoked by hand) starts, but
+    each heartbeat is refused: its WARNING names the table, as the driver does, and what to run,
+    `livepush migrate --runtime-role ROLE`, which the driver's words do not; the runtime runs on."""
+    from tests.support.waiting import wait_for
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("REVOKE UPDATE ON livepush_job_runtimes FROM {}").format(
+            psycopg.sql.Identifier(role_of(runtime_url))))
+    child = procs.livepush("jobs", role_jobs.__name__, "--heartbeat", "0.3",
+                           env=livepush_env(database_url=runtime_url), wait_healthy=False)
+    wait_for(lambda: "heartbeat failed" in child.stderr() or not child.running, 20.0,
+             message="the runtime's first heartbeat to fail")
+    said = [line for line in child.stderr().splitlines() if "heartbeat failed" in line]
+    assert said and "permission denied for table livepush_job_runtimes" in said[0], child.output()
+    assert "livepush migrate --runtime-role ROLE" in said[0], child.output()
+    assert child.running and child.stop(timeout=15) == 0, child.output()
+
+
 async def test_a_runtime_role_that_may_not_prune_is_told_in_one_line_each_cycle_and_pruning_resumes_once_granted(
         runtime_url: str, pg_url: str, secret: str, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:

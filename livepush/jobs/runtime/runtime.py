@@ -51,7 +51,7 @@ from psycopg.rows import dict_row
 from ... import metrics, migrate, stopsignals, topics
 from ...errors import ArgumentTypeError, ArgumentValueError, ConfigError, DependencyError, LivepushError
 from ...fanout import FanOut
-from ...postgres.connect import aconnect, translate
+from ...postgres.connect import aconnect, as_warned, translate
 from ...channels import ListenerSlot
 from ...postgres.listener import Listener
 from ...postgres.pools import AsyncPool, LoopPools, aclosed_while_idle
@@ -364,8 +364,9 @@ class Runtime:
                                                                  name="livepush-jobs-listener"))
         self._listen = listen
         self._pruned_at = 0.0
-        # What the background loops' failures log: each kind at most once a minute (repeats.py).
-        self._failures = Repeats(log)
+        # What the background loops' failures log: each kind at most once a minute (repeats.py),
+        # a grant the role lacks with what to run.
+        self._failures = Repeats(log, shown=self._said)
         self.id: int | None = None
         self.state = "starting"
         self.in_hand: dict[int, _InHand] = {}
@@ -609,6 +610,14 @@ class Runtime:
         if failure is not None:
             raise DependencyError(f"the job runtime stopped because a part of it failed for good ({failure})")
 
+    def _said(self, value: Any) -> Any:
+        """What the runtime's warnings show of `value`: an error as as_warned() says it (a grant
+        the role lacks with `livepush migrate --runtime-role ROLE`, where the driver names only
+        the table), anything else as it is. The loops that warn run once _open() set the URL."""
+        if isinstance(value, BaseException) and self.url is not None:
+            return as_warned(self.url, value)
+        return value
+
     # -- startup and shutdown --------------------------------------------------------------
     async def _open_unless_stopped(self) -> bool:
         """_open(), given up (False) when a stop is asked for first: the runtime holds no job yet,
@@ -804,7 +813,7 @@ class Runtime:
                     await self._unless_stopped_now(self._publish_state("stopped"), "publishing the runtime's state")
             except _DB_ERRORS as exc:
                 log.error("could not deregister runtime %s (%s): its jobs are released once it is found dead",
-                          self.id, exc)
+                          self.id, self._said(exc))
         if self._group_progress is not None:
             await self._unless_stopped_now(self._group_progress.close(), "publishing the last group progress")
             self._group_progress = None
@@ -1135,7 +1144,7 @@ class Runtime:
             if not rows:
                 raise
             reraise_if_cancelled()
-            log.warning("claim failed after %d jobs were claimed (%s); running those", len(rows), exc)
+            log.warning("claim failed after %d jobs were claimed (%s); running those", len(rows), self._said(exc))
         self._retry_if_busy(busy)
         assert self._completer is not None
         for row in rows:
