@@ -2,8 +2,10 @@
 
     LivepushError
     ├── ConfigError            a setting is missing or wrong (CLI: exit 2)
-    │   └── LoginRefused       Postgres or Redis is up and refused the URL's login (also a DependencyError)
-    │       └── ListenLoginRefused  the same, met by listen() (also a ListenError)
+    │   ├── LoginRefused       Postgres or Redis is up and refused the URL's login (also a DependencyError)
+    │   │   └── ListenLoginRefused  the same, met by listen() (also a ListenError)
+    │   └── AclRefused         Redis is up and its ACL refused a command, key or channel (a DependencyError too)
+    │       └── ListenAclRefused    the same, met by listen() (also a ListenError)
     ├── DependencyError        Postgres or Redis cannot be reached (CLI: exit 1)
     │   ├── ListenError        listen() could not subscribe
     │   └── SchemaBusyError    a lock held past a read's or migrate's lock timeout (CLI: exit 75)
@@ -49,6 +51,23 @@ class LoginRefused(ConfigError, DependencyError):
 
 class ListenLoginRefused(LoginRefused, ListenError):
     """LoginRefused, met by `listen()` as it starts: a ListenError, as everything listen() raises."""
+
+
+class AclRefused(ConfigError, DependencyError):
+    """Redis is up, took the login, and its ACL refused the URL's user a command, key or channel
+    livepush needs (a rule left out of the ACL line docs/security.md shows, or the prefix written
+    without its braces). `rule` is the rule of that line the user lacks (`+publish`, `&{P}:*`),
+    None when Redis' refusal does not tell. As Postgres' refused privilege, a setting to correct,
+    which no reconnect heals (the CLI's exit 2); a DependencyError too, so code that retries a
+    failing Redis goes on retrying until the ACL is put right."""
+
+    def __init__(self, message: str, rule: str | None = None) -> None:
+        super().__init__(message)
+        self.rule = rule
+
+
+class ListenAclRefused(AclRefused, ListenError):
+    """AclRefused, met by `listen()`: a ListenError, as everything listen() raises."""
 
 
 class SchemaBusyError(DependencyError):
@@ -116,12 +135,14 @@ def first_line(exc: BaseException) -> str:
 
 
 __all__ = [
+    "AclRefused",
     "ArgumentTypeError",
     "ArgumentValueError",
     "ConfigError",
     "DependencyError",
     "InvalidSession",
     "InvalidTopic",
+    "ListenAclRefused",
     "ListenError",
     "ListenLoginRefused",
     "LivepushError",

@@ -691,10 +691,12 @@ async def test_a_redis_that_refuses_says_why_rather_than_to_check_that_it_runs(
             with pytest.raises(livepush.ListenError, match=expected) as listening:
                 await asyncio.wait_for(fanout.listen(), WAIT)
             # A refused password is a setting to correct (the CLI's exit 2); an ACL that denies
-            # the deployment's keys is a refusal after the login, as before.
+            # the deployment's keys is a refusal after the login, a setting to correct in Redis.
             refused = url == wrong_password
             assert isinstance(caught.value, livepush.LoginRefused) is refused, caught.value
             assert isinstance(listening.value, livepush.ListenLoginRefused) is refused, listening.value
+            assert isinstance(caught.value, livepush.AclRefused) is not refused, caught.value
+            assert isinstance(listening.value, livepush.ListenAclRefused) is not refused, listening.value
 
 
 @pytest.mark.parametrize("left_out, call", [
@@ -707,29 +709,37 @@ async def test_an_acl_that_leaves_out_a_command_a_script_runs_is_named_in_one_li
         make_redis: MakeRedis, redis_url: str, left_out: str, call: Callable[[RedisFanOut], Awaitable[Any]]) -> None:
     """Redis refuses a command that the ACL denies inside a script without naming it ("The user
     executing the script can't run this command", the script's hash and line): the error names
-    the rule the user lacks, so the operator adds that one rather than compare the whole line."""
+    the rule the user lacks, so the operator adds that one rather than compare the whole line.
+    The error is an AclRefused carrying that rule: a setting to correct, and a DependencyError still."""
     with documented_user(redis_url, "acl:mine", without=left_out) as user_url:
         fanout = await make_redis(url=user_url, listen=False, prefix="acl:mine")
-        with pytest.raises(livepush.DependencyError) as caught:
+        with pytest.raises(livepush.AclRefused) as caught:
             await call(fanout)
     said = str(caught.value)
     assert f"lacks {left_out} " in said and "docs/security.md" in said, said
     assert "\n" not in said
+    assert caught.value.rule == left_out and isinstance(caught.value, livepush.DependencyError)
 
 
-async def test_an_acl_that_denies_the_deployments_keys_or_channels_says_how_they_are_named(
-        make_redis: MakeRedis, redis_url: str) -> None:
+@pytest.mark.parametrize("users_prefix, without, rule, said", [
+    ("acl:theirs", None, "~{P}:*", "denies the deployment's keys"),  # another deployment's user
+    ("acl:mine", "&{acl:mine}:*", "&{P}:*", "denies the deployment's channels"),  # its keys, not its channels
+])
+async def test_an_acl_that_denies_the_deployments_keys_or_channels_says_which_and_how_they_are_named(
+        make_redis: MakeRedis, redis_url: str, users_prefix: str, without: str | None, rule: str, said: str) -> None:
     """Redis says only that "one of the keys" (or channels) is denied. An operator who wrote the
     prefix without its braces (`~livepush:12:*`), or another deployment's, is told the patterns
-    the user needs, braces and all."""
-    with documented_user(redis_url, "acl:theirs") as user_url:
+    the user needs, braces and all, and which of the two was denied: a user given the keys but
+    not the channels is told the channels, at the publish script's PUBLISH and at the subscribe."""
+    with documented_user(redis_url, users_prefix, without=without) as user_url:
         fanout = await make_redis(url=user_url, listen=False, prefix="acl:mine")
-        with pytest.raises(livepush.DependencyError) as publishing:
+        with pytest.raises(livepush.AclRefused) as publishing:
             await fanout.apublish("acl:a", {"i": 0})
-        with pytest.raises(livepush.ListenError) as listening:
+        with pytest.raises(livepush.ListenAclRefused) as listening:
             await asyncio.wait_for(fanout.listen(), WAIT)
     for caught in (publishing, listening):
-        assert "`~{P}:*` and `&{P}:*`" in str(caught.value), caught.value
+        assert "`~{P}:*` and `&{P}:*`" in str(caught.value) and said in str(caught.value), caught.value
+        assert caught.value.rule == rule, caught.value
 
 
 async def test_a_user_that_may_not_ping_is_refused_at_listen_rather_than_lost_at_every_heartbeat(
@@ -742,6 +752,7 @@ async def test_a_user_that_may_not_ping_is_refused_at_listen_rather_than_lost_at
         with pytest.raises(livepush.ListenError, match="the 'ping' command") as caught:
             await asyncio.wait_for(fanout.listen(), WAIT)
     assert "the ACL that docs/security.md shows" in str(caught.value)
+    assert isinstance(caught.value, livepush.ListenAclRefused) and caught.value.rule == "+ping", caught.value
 
 
 async def test_a_redis_that_wants_a_password_says_what_the_url_lacks(private_redis: PrivateRedis) -> None:
@@ -785,26 +796,48 @@ def test_a_redis_still_loading_after_a_restart_says_to_try_again_not_to_check_th
     assert "try again once it has loaded" in str(error) and "Redis is running" not in str(error)
 
 
-@pytest.mark.parametrize("refusal, said", [
-    (redis.exceptions.NoPermissionError, "this user has no permissions to access one of the keys used as arguments"),
-    (redis.exceptions.NoPermissionError, "this user has no permissions to access one of the channels used as arguments"),
+@pytest.mark.parametrize("refusal, said, rule", [
+    (redis.exceptions.NoPermissionError, "this user has no permissions to access one of the keys used as arguments",
+     "~{P}:*"),
+    (redis.exceptions.NoPermissionError, "this user has no permissions to access one of the channels used as "
+                                         "arguments", "&{P}:*"),
     (redis.ResponseError, "The user executing the script can't access at least one of the keys mentioned in the "
-                          "command script: 0123, on @user_script:4."),
+                          "command script: 0123, on @user_script:4.", "~{P}:*"),
+    (redis.ResponseError, "The user executing the script can't publish to the channel mentioned in the command "
+                          "script: 0123, on @user_script:4.", "&{P}:*"),
     # Redis 7.2 and later (and Valkey), a command's and a script's.
-    (redis.exceptions.NoPermissionError, "No permissions to access a key"),
-    (redis.exceptions.NoPermissionError, "No permissions to access a channel"),
-    (redis.ResponseError, "ACL failure in script: No permissions to access a key script: 0123, on @user_script:4."),
+    (redis.exceptions.NoPermissionError, "No permissions to access a key", "~{P}:*"),
+    (redis.exceptions.NoPermissionError, "No permissions to access a channel", "&{P}:*"),
+    (redis.ResponseError, "ACL failure in script: No permissions to access a key script: 0123, on @user_script:4.",
+     "~{P}:*"),
 ])
 def test_an_acl_that_denies_the_deployments_keys_or_channels_is_told_their_patterns_in_each_redis_wording(
-        refusal: type[Exception], said: str) -> None:
+        refusal: type[Exception], said: str, rule: str) -> None:
     """Redis 7.2 and later word a denied key or channel anew ("No permissions to access a key"):
     it is told the `~{P}:*` and `&{P}:*` patterns as Redis 7.0's wording is, never to check that
-    Redis runs; a command denied to a user whose name holds "channel" is not taken for one."""
+    Redis runs, and the error's rule is the pattern it was refused; a command denied to a user
+    whose name holds "channel" is not taken for one."""
     error = failed("redis://127.0.0.1:6379/0", refusal(said), "publishing on 'acl:a'")
     assert "`~{P}:*` and `&{P}:*`" in str(error) and "Redis is running" not in str(error), error
+    assert isinstance(error, livepush.AclRefused) and error.rule == rule, error
     command = failed("redis://127.0.0.1:6379/0", redis.exceptions.NoPermissionError(
         "User channel_app has no permissions to run the 'ping' command"), "subscribing")
-    assert "`~{P}:*`" not in str(command) and "ACL" in str(command), command
+    assert "`~{P}:*`" not in str(command) and "lacks +ping (a command livepush runs)" in str(command), command
+    assert isinstance(command, livepush.AclRefused) and command.rule == "+ping", command
+
+
+@pytest.mark.parametrize("said", [
+    "User app has no permissions to run the 'publish' command",
+    # Redis 7.2 and later name the command a script was refused.
+    "ACL failure in script: No permissions to run the 'publish' command script: 0123, on @user_script:4.",
+])
+def test_an_acl_refusal_that_names_its_command_is_told_the_rule_to_add(said: str) -> None:
+    """Where Redis names the refused command, the error names the rule of the documented ACL that
+    allows it, whatever script it ran in."""
+    refusal = redis.ResponseError(said) if "script" in said else redis.exceptions.NoPermissionError(said)
+    error = failed("redis://127.0.0.1:6379/0", refusal, "publishing on 'acl:a'")
+    assert isinstance(error, livepush.AclRefused) and error.rule == "+publish", error
+    assert "lacks +publish " in str(error) and "docs/security.md" in str(error), error
 
 
 @pytest.mark.parametrize("said", [

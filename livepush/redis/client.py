@@ -23,7 +23,8 @@ from redis.exceptions import (AskError, AuthenticationError, BusyLoadingError, C
                               TimeoutError as RedisTimeout, TryAgainError)
 from redis.retry import Retry
 
-from ..errors import ConfigError, DependencyError, ListenError, ListenLoginRefused, LoginRefused
+from ..errors import (AclRefused, ConfigError, DependencyError, ListenAclRefused, ListenError, ListenLoginRefused,
+                      LoginRefused)
 
 CONNECT_TIMEOUT = 5.0
 # A client's connections (an event loop's, or a process's sync calls from all its threads), and
@@ -310,7 +311,13 @@ def failed(url: str, exc: BaseException, doing: str, cls: type[DependencyError] 
         # (as Postgres refuses a database that does not exist): a setting to correct (the CLI's
         # exit 2), and still `cls`'s kind (a ListenError from listen()) for those who catch it.
         cls = ListenLoginRefused if issubclass(cls, ListenError) else LoginRefused
-    return cls(f"Redis at {redact(url)} failed while {doing} ({one_line(exc)}): {remedy}")
+    said = f"Redis at {redact(url)} failed while {doing} ({one_line(exc)}): {remedy}"
+    if acl_denied(exc):
+        # Up, logged in, and refused by its ACL: a rule to add in Redis, which no reconnect brings
+        # (the CLI's exit 2, /readyz naming it), and still `cls`'s kind for those who catch it.
+        refused = ListenAclRefused if issubclass(cls, ListenError) else AclRefused
+        return refused(said, _acl_rule_lacking(exc))
+    return cls(said)
 
 
 def _wrong_key_remedy(key: str, deleting: str) -> str:
@@ -400,7 +407,11 @@ _SCRIPT_ACL_DENIALS = ("user executing the script can't", "no permissions", "ACL
 # ("one of the keys used as arguments", in a script "at least one of the keys" or "publish to the
 # channel"), 7.2 and later ("No permissions to access a key", in a script after "ACL failure in
 # script: "). Not "channel" alone: a user named so appears in 7.2's refusal of a command.
-_KEY_OR_CHANNEL_DENIED = re.compile(r"one of the (?:keys|channels)|to the channel|access (?:a|the '.*') (?:key|channel)\b")
+_KEY_DENIED = re.compile(r"one of the keys|access (?:a|the '.*') key\b")
+_CHANNEL_DENIED = re.compile(r"one of the channels|to the channel|access (?:a|the '.*') channel\b")
+# The command a plain refusal names (NOPERM "has no permissions to run the 'ping' command", 7.2's
+# in a script too); a subcommand comes as 'script|load', as the ACL's rule names it.
+_COMMAND_DENIED = re.compile(r"to run the '([A-Za-z|]+)' command")
 # Redis 7.0 names neither the command nor the rule in that refusal, only the script's SHA1 and
 # line: the scripts livepush runs, by SHA1, let the error name the rule the user lacks.
 _SCRIPTS: dict[str, str] = {}
@@ -421,6 +432,25 @@ def _rule_denied_in_script(exc: BaseException) -> str | None:
     at = int(found[2]) if found else 0
     commands = {name.lower() for name in _SCRIPT_CALL.findall(lines[at - 1])} if 0 < at <= len(lines) else set()
     return f"+{commands.pop()}" if len(commands) == 1 else None
+
+
+def acl_denied(exc: BaseException) -> bool:
+    """Whether `exc` is Redis' refusal, by the ACL of the URL's user, of a command, key or channel:
+    a plain command's NOPERM, or a script's refusal of one it runs."""
+    return isinstance(exc, NoPermissionError) or (
+        isinstance(exc, ResponseError) and any(words in str(exc) for words in _SCRIPT_ACL_DENIALS))
+
+
+def _acl_rule_lacking(exc: BaseException) -> str | None:
+    """The rule of the ACL line docs/security.md shows that the user lacks for the refusal `exc`
+    (`+publish`, `&{P}:*`, `~{P}:*`), None when Redis' words do not tell."""
+    said = str(exc)
+    if _CHANNEL_DENIED.search(said):
+        return "&{P}:*"
+    if _KEY_DENIED.search(said):
+        return "~{P}:*"
+    named = _COMMAND_DENIED.search(said)
+    return f"+{named[1].lower()}" if named else _rule_denied_in_script(exc)
 # What a Redis before 6.2 answers the stream commands of livepush's scripts: it takes an exclusive
 # range's start ("(ID", history reads) for a malformed id, and XTRIM's MINID (prune) for a syntax
 # error. A Redis that livepush supports never says either to them: the scripts send ids they made.
@@ -506,18 +536,19 @@ def _remedy(exc: BaseException, reads: bool) -> str:
     if isinstance(exc, BusyLoadingError):
         # Redis answers while it reads its data back after a restart, and refuses every command.
         return "Redis is up but still loading its data after a restart: try again once it has loaded"
-    if isinstance(exc, NoPermissionError) or (
-            isinstance(exc, ResponseError) and any(words in str(exc) for words in _SCRIPT_ACL_DENIALS)):
-        said, rule = str(exc), _rule_denied_in_script(exc)
-        if _KEY_OR_CHANNEL_DENIED.search(said):
+    if acl_denied(exc):
+        rule = _acl_rule_lacking(exc)
+        if rule in ("&{P}:*", "~{P}:*"):
             # Redis names no key or channel, and a prefix written without its braces
             # (`~livepush:12:*`) matches none of livepush's.
-            return ("Redis is up but the ACL of LIVEPUSH_REDIS_URL's user denies the deployment's keys or channels, "
+            denied = "channels" if rule.startswith("&") else "keys"
+            return (f"Redis is up but the ACL of LIVEPUSH_REDIS_URL's user denies the deployment's {denied}, "
                     "all named `{P}:...`, P being the deployment's prefix (LIVEPUSH_REDIS_PREFIX, else livepush:<database "
                     "number>) in braces: give it `~{P}:*` and `&{P}:*`, in the ACL that docs/security.md shows")
         if rule:
-            return (f"Redis is up but the ACL of LIVEPUSH_REDIS_URL's user lacks {rule} (a command livepush's scripts "
-                    "run): give it the ACL that docs/security.md shows for the deployment's prefix, which has it")
+            runs = "livepush's scripts run" if _SCRIPT_LINE.search(str(exc)) else "livepush runs"
+            return (f"Redis is up but the ACL of LIVEPUSH_REDIS_URL's user lacks {rule} (a command {runs}): give it "
+                    "the ACL that docs/security.md shows for the deployment's prefix, which has it")
         return ("Redis is up but the ACL of LIVEPUSH_REDIS_URL's user denies a command or key livepush needs: give "
                 "it the ACL that docs/security.md shows for the deployment's prefix")
     if isinstance(exc, RedisConnectionError) and _POOL_WAIT_ENDED in str(exc):

@@ -92,8 +92,9 @@ class Canary:
     # When its path was last made to listen anew, and how many times in a row that brought none back.
     relistened_at: float | None = None
     relistens: int = 0
-    # Why its last publish was refused (a ConfigError: a privilege the role lacks), None once one
-    # went out: no outage that heals by itself, so /readyz says it rather than only "late".
+    # Why its last publish was refused (a ConfigError: a privilege the role lacks, a rule the Redis
+    # user's ACL lacks), None once one went out: no outage that heals by itself, so /readyz says it
+    # rather than only "late".
     refused: str | None = None
     # Why the read of its topic's history after its last publish was refused, None once one was
     # made: a role that may publish but not read hears its canary, yet serves no history (and, on
@@ -303,7 +304,7 @@ class Readiness:
             entry = self.canary.sent(self.clock())
             try:
                 offset = await self.fanout.apublish(CANARY_TOPIC, {"server": self.server_id, "n": n})
-            except ConfigError as exc:  # a privilege the role lacks: no outage, so said, once a minute
+            except ConfigError as exc:  # a grant or an ACL rule lacking (AclRefused): no outage, so said, once a minute
                 reraise_if_cancelled()
                 self.canary.refused = first_line(exc)
                 self._refusals.warning("the readiness canary could not be published, so this server stays "

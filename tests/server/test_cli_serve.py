@@ -285,6 +285,20 @@ def test_a_redis_refusing_the_urls_password_exits_2_naming_the_setting(procs, li
     assert "wrong-pw" not in child.output(), child.output()
 
 
+def test_a_redis_whose_acl_refuses_a_command_the_server_needs_exits_2_naming_the_rule(procs, livepush_env, pg_url,
+                                                                                     redis_url) -> None:
+    """A Redis user one rule short of the ACL docs/security.md shows (here +subscribe) made `serve`
+    exit 1, "a dependency is down", which a process manager restarts for ever: Redis is up, and
+    its ACL is the setting to correct. It exits 2 with one line naming the rule to add."""
+    from tests.support.redis_acl import documented_user
+
+    with documented_user(redis_url, "livepush:0", without="+subscribe") as as_app:
+        child = procs.livepush("serve", env=livepush_env(database_url=pg_url, redis_url=as_app, fanout="redis"),
+                               wait_healthy=False)
+        assert child.wait(20) == 2, child.output()
+    assert_one_line_no_traceback(child.stderr(), "lacks +subscribe", "docs/security.md")
+
+
 def test_schema_older_than_needed_exits_2(procs, livepush_env, pg_admin_url) -> None:
     """`serve` refuses an unmigrated database and says to run `livepush migrate`."""
     from tests.support import services

@@ -25,6 +25,7 @@ from livepush.sessions.rules import App
 from tests.server.conftest import Served, make_settings, start_served
 from tests.server.test_server import http_get
 from tests.support import services
+from tests.support.redis_acl import documented_user
 from tests.support.relay import Relay
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
@@ -531,6 +532,32 @@ async def test_a_wedged_state_listener_on_the_redis_fan_out_turns_readyz_503_and
         await async_wait_for(lambda: readiness.report()[0], 10.0, message="/readyz to heal")
     finally:
         await served.stop()
+
+
+async def test_a_server_whose_redis_user_may_not_publish_its_canary_says_the_acl_refused_it(
+        redis_url: str, secret: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A Redis user whose ACL leaves out +publish (one rule short of the line docs/security.md
+    shows) listens, but cannot publish the readiness canary: /readyz stays 503, and both its body
+    and one WARNING say that the ACL refused it and name the rule to add, as a Postgres role's
+    refused grant is named, rather than only "no canary came back", which sends the operator to
+    the network and the listener."""
+    with documented_user(redis_url, "ready:acl", without="+publish") as user_url:
+        served = await start_served(make_settings("redis", secret, None, user_url, redis_prefix="ready:acl"))
+        try:
+            async def refused_in_readyz() -> str | None:
+                status, body = await readyz(served)
+                assert status == 503, body
+                detail = str(body["checks"]["canary"].get("detail", ""))  # type: ignore[index, union-attr]
+                return detail if "refused" in detail else None
+
+            detail = await async_wait_for(refused_in_readyz, 20, 0.2, message="/readyz to name the ACL's refusal")
+            assert "the ACL of LIVEPUSH_REDIS_URL's user lacks +publish" in detail, detail
+            assert "docs/security.md" in detail, detail
+            said = [r.getMessage() for r in caplog.records
+                    if r.levelname == "WARNING" and "lacks +publish" in r.getMessage()]
+            assert len(said) == 1 and "canary" in said[0], said
+        finally:
+            await served.stop()
 
 
 def schema_reads_waiting(pg_url: str) -> bool:
