@@ -233,6 +233,28 @@ async def test_prune_drops_a_topics_oldest_messages_first_so_a_replay_is_refused
         await fanout.aclose()
 
 
+async def test_a_statement_timeout_shorter_than_a_prune_batch_halves_the_batch_and_pruning_finishes(
+        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A statement_timeout (of the role, the database or here the URL) shorter than one batch of
+    expired messages takes cancelled every prune(), every cycle, with a warning each time: nothing
+    was ever pruned and the log grew. The batch halves at each cancel, keeping within the
+    operator's timeout rather than setting it aside, so pruning finishes; one WARNING says so."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO livepush_messages (topic, seq, data, created_at) "
+                     "SELECT 'old', g, '{}', now() - interval '1 hour' FROM generate_series(1, 1500) g")
+    fanout = PostgresFanOut(make_conninfo(pg_url, options="-c statement_timeout=300"), history_ttl=60)
+    try:
+        # A batch of more than 700 rows outlasts the timeout: 5,000, 2,500 and 1,250 are cancelled.
+        with services.pg_slow_deletes_past(pg_url, "livepush_messages", 700):
+            await asyncio.wait_for(prune_all(fanout), 30)
+    finally:
+        await fanout.aclose()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM livepush_messages").fetchone() == (0,)
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "statement_timeout" in r.getMessage()]
+    assert len(said) == 1 and "expired messages of the history" in said[0], said
+
+
 async def test_the_idle_sweep_reaches_every_topic_a_stretch_at_a_time(
         fanout: PostgresFanOut, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each prune() looks at a bounded stretch of topics after the last one it looked at, and

@@ -42,6 +42,7 @@ from ..postgres.connect import PSYCOPG_CONNECTION_HINT, cursor_on, refuse_closed
 from ..postgres.identity import IDENTITY, other_database
 from ..channels import ListenerSlot
 from ..postgres.listener import Listener
+from ..postgres.batches import ShrinkingBatch
 from ..postgres.pools import LoopPools
 from ..postgres.text import BIGINT_MAX
 from ..postgres.urls import redact
@@ -54,6 +55,8 @@ log = logging.getLogger("livepush.fanout.postgres")
 
 CHANNEL = "livepush"
 PRUNE_BATCH = 5_000
+# The smallest batch a statement_timeout shrinks prune()'s batches to (postgres/batches.py).
+PRUNE_FLOOR = 50
 # Topics per statement of histories(); their pages share HISTORY_PAGE_BYTES, each topic at
 # least MIN_PAGE_BYTES (and its first row whatever its size).
 READ_BATCH = 500
@@ -130,7 +133,8 @@ ORDER BY p.i, p.seq
 # always its newest messages, and a replay from a pruned offset is refused at its first page, never
 # after sending part of the range (which rows a bare LIMIT takes depends on where they are stored,
 # and a busy log reuses freed space). Servers pruning at once race for the same rows, which
-# DELETE tolerates (a row is deleted once).
+# DELETE tolerates (a row is deleted once). The batch is a parameter: prune() halves it under a
+# statement_timeout shorter than a whole one takes.
 PRUNE = """
 DELETE FROM livepush_messages WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM livepush_messages
@@ -373,6 +377,9 @@ class PostgresFanOut(FanOut):
         # Where the idle sweep goes on (a topic name; "" from the start): each prune() looks at
         # the next stretch of topics, so every topic is looked at within a few thousand calls.
         self._sweep_after = ""
+        # Each of prune()'s statements, halved under a statement_timeout shorter than its batch takes.
+        self._prune_batch = ShrinkingBatch("expired messages of the history", floor=PRUNE_FLOOR, log=log)
+        self._sweep_batch = ShrinkingBatch("topics looked at for idleness", floor=PRUNE_FLOOR, log=log)
         self._pools = LoopPools(url, name="livepush-fanout")
         # The database's identity (identity.py), read at the first publish with conn=, which must
         # be on it; read again when a connection seems to be on another (a restart changes it).
@@ -608,16 +615,24 @@ class PostgresFanOut(FanOut):
 
     async def prune(self) -> int:
         """Drops a bounded batch of expired messages, then the rows of idle topics among the next
-        stretch of topics; returns the rows dropped."""
+        stretch of topics; returns the rows dropped. A batch that the statement_timeout cancels
+        is halved and run again (ShrinkingBatch), so pruning goes on under any timeout that lets
+        PRUNE_FLOOR rows through."""
         with translated(self.url):
             async with (await self._pools.aget()).connection() as c:
-                pruned = (await c.execute(PRUNE, (self.history_ttl, PRUNE_BATCH))).rowcount
-                row = await (await c.execute(FORGET_IDLE, {"after": self._sweep_after, "batch": PRUNE_BATCH,
-                                                           "idle": self.idle_expire})).fetchone()
+                async def prune_messages(batch: int) -> int:
+                    return (await c.execute(PRUNE, (self.history_ttl, batch))).rowcount
+
+                async def forget_idle(batch: int) -> Any:
+                    return await (await c.execute(FORGET_IDLE, {"after": self._sweep_after, "batch": batch,
+                                                                "idle": self.idle_expire})).fetchone()
+
+                pruned, _ = await self._prune_batch.run(PRUNE_BATCH, prune_messages)
+                row, stretch = await self._sweep_batch.run(PRUNE_BATCH, forget_idle)
         assert row is not None  # one row, whatever the stretch held
         last, scanned, forgotten = row
         # A short stretch reached the end: the next call starts again from the first topic.
-        self._sweep_after = last if scanned == PRUNE_BATCH else ""
+        self._sweep_after = last if scanned == stretch else ""
         return pruned + forgotten
 
     # -- opening and closing ------------------------------------------------------------

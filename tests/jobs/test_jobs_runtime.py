@@ -846,6 +846,34 @@ async def test_a_slow_retention_prune_never_holds_up_the_heartbeat(jobs_db: str)
     assert q(jobs_db, "SELECT count(*) FROM job_runs WHERE job_id = %s AND phase = 'start'", (h.id,)) == [(1,)]
 
 
+async def test_a_statement_timeout_shorter_than_a_retention_batch_halves_the_batch_and_retention_finishes(
+        jobs_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A statement_timeout (of the role, the database or here the URL) shorter than one batch of
+    finished jobs takes cancelled every retention run: nothing was deleted, a warning each time,
+    and the jobs table grew. The batch halves at each cancel, within the operator's timeout, so
+    retention finishes; one WARNING says so, and the runtime's next run starts at the smaller size."""
+    from psycopg.conninfo import make_conninfo
+    from psycopg_pool import AsyncConnectionPool
+
+    from livepush.jobs.runtime import maintenance
+
+    def finish_long_ago(n: int) -> None:
+        q(jobs_db, "INSERT INTO livepush_jobs (queue, name, state, finished_at) SELECT 'default', 't.old', "
+                   "'succeeded', now() - interval '2 days' FROM generate_series(1, %s)", (n,))
+
+    shrinking = maintenance.prune_batches()
+    timed = make_conninfo(jobs_db, options="-c statement_timeout=300")
+    # A batch of more than 700 jobs outlasts the timeout: 1,000 is cancelled, 500 is not.
+    with services.pg_slow_deletes_past(jobs_db, "livepush_jobs", 700):
+        async with AsyncConnectionPool(timed, min_size=1, max_size=2, open=False) as pool:
+            finish_long_ago(1500)
+            assert await asyncio.wait_for(maintenance.prune(pool, 3600, shrinking=shrinking), 30) == 1500
+            finish_long_ago(900)
+            assert await asyncio.wait_for(maintenance.prune(pool, 3600, shrinking=shrinking), 30) == 900
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "statement_timeout" in r.getMessage()]
+    assert len(said) == 1 and "finished jobs" in said[0], said
+
+
 async def test_a_frozen_redis_never_holds_up_the_heartbeat(jobs_db: str, redis_url: str) -> None:
     """A runtime publishes its own state (runtime:<id>) through its fan-out when its jobs in hand
     change. With Redis frozen (its connections open, nothing answered) that publication waits, but

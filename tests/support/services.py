@@ -132,6 +132,29 @@ def pg_refusing_connections(admin_url: str, dbname: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def pg_slow_deletes_past(url: str, table: str, rows: int) -> Iterator[None]:
+    """Inside the block a statement that deletes more than `rows` rows of `table` then sleeps for a
+    minute (an AFTER trigger reading the deleted rows): a batch too big for a short
+    statement_timeout, certainly so whatever the machine's speed, while a smaller one stays quick."""
+    trigger = pgsql.Identifier(f"slow_deletes_of_{table}")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(pgsql.SQL("""
+            CREATE FUNCTION {trigger}() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF (SELECT count(*) FROM gone) > TG_ARGV[0]::int THEN PERFORM pg_sleep(60); END IF;
+                RETURN NULL;
+            END $$""").format(trigger=trigger))
+        conn.execute(pgsql.SQL("CREATE TRIGGER {trigger} AFTER DELETE ON {table} REFERENCING OLD TABLE AS gone "
+                               "FOR EACH STATEMENT EXECUTE FUNCTION {trigger}({rows})").format(
+            trigger=trigger, table=pgsql.Identifier(table), rows=pgsql.Literal(str(rows))))
+    try:
+        yield
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(pgsql.SQL("DROP FUNCTION {trigger}() CASCADE").format(trigger=trigger))
+
+
+@contextlib.contextmanager
 def pg_password_role(admin_url: str, password: str) -> Iterator[str]:
     """A login role whose password Postgres checks (scram-sha-256), though the test cluster trusts
     every other login: yields its URL without the password (the test adds a right or wrong one).

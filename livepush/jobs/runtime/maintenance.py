@@ -20,6 +20,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from ... import metrics
+from ...postgres.batches import ShrinkingBatch
 from ...tasks import reraise_if_cancelled
 from .. import queries
 from ..api.registry import Registry
@@ -34,6 +35,7 @@ log = logging.getLogger("livepush.jobs")
 RESCUE_ERROR = "its runtime stopped beating (killed or stalled) while the job ran"
 DEFAULT_RETENTION = 7 * 24 * 3600.0  # seconds a finished job or group is kept
 PRUNE_BATCH = 1000  # rows per delete statement
+PRUNE_FLOOR = 50  # the smallest batch a statement_timeout shrinks it to (postgres/batches.py)
 PRUNE_MAX_BATCHES = 20  # per maintenance run: a backlog is worked off over several runs
 UNRUNG_LIMIT = 10_000  # groups re-rung after runtimes were found dead (one flush of the publisher)
 SWEEP_IDS_SHOWN = 5  # group ids a sweep's INFO line names; every id goes to DEBUG
@@ -271,22 +273,33 @@ async def _cancel_groups(pool: AsyncConnectionPool, sql: str, params: dict[str, 
     return ids
 
 
+def prune_batches() -> ShrinkingBatch:
+    """What a runtime keeps for prune()'s batches: the size its statement_timeout lets through."""
+    return ShrinkingBatch("finished jobs, groups or workflow runs", floor=PRUNE_FLOOR, log=log)
+
+
 async def prune(pool: AsyncConnectionPool, retention: float, *, batch: int = PRUNE_BATCH,
-                max_batches: int = PRUNE_MAX_BATCHES) -> int:
+                max_batches: int = PRUNE_MAX_BATCHES, shrinking: ShrinkingBatch | None = None) -> int:
     """Retention: delete lone jobs finished more than `retention` seconds ago, finished groups as
     old with their members and callbacks, and finished workflow runs, in bounded batches (one
     short transaction each; at most `max_batches` of each kind a call). A
-    member is kept while its group is unfinished. Returns the rows deleted."""
-    params = {"retention": retention, "limit": batch}
+    member is kept while its group is unfinished. Returns the rows deleted. A batch that the
+    statement_timeout cancels is halved and run again, and stays so in `shrinking`, the caller's
+    from one call to the next (prune_batches())."""
+    shrinking = shrinking or prune_batches()
+
+    async def delete(sql: str, limit: int) -> int:
+        async with pool.connection() as conn:
+            return (await conn.execute(sql, {"retention": retention, "limit": limit})).rowcount
+
     deleted = 0
     # As many batches of each (groups' and runs' rows once their jobs are gone): one batch a prune
     # (at most once a minute) falls behind for good once they finish faster than that.
     for sql in (gq.PRUNE_JOBS, gq.PRUNE_GROUP_JOBS, gq.PRUNE_GROUPS, wq.PRUNE_RUNS):
         for _ in range(max_batches):
-            async with pool.connection() as conn:
-                n = (await conn.execute(sql, params)).rowcount
+            n, size = await shrinking.run(batch, functools.partial(delete, sql))
             deleted += n
-            if n < batch:
+            if n < size:
                 break
     if deleted:
         log.info("retention: deleted %d finished jobs and groups older than %g s", deleted, retention)

@@ -364,6 +364,7 @@ class Runtime:
                                                                  name="livepush-jobs-listener"))
         self._listen = listen
         self._pruned_at = 0.0
+        self._prune_batches = maintenance.prune_batches()  # halved by a statement_timeout
         # What the background loops' failures log: each kind at most once a minute (repeats.py),
         # a grant the role lacks with what to run.
         self._failures = Repeats(log, shown=self._said)
@@ -1540,7 +1541,7 @@ class Runtime:
         if now - self._pruned_at < min(60.0, self.retention / 10):
             return
         self._pruned_at = now
-        await maintenance.prune(self._pool, self.retention)
+        await maintenance.prune(self._pool, self.retention, shrinking=self._prune_batches)
 
     async def _promote(self) -> None:
         assert self._pool is not None
