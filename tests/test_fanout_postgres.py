@@ -36,6 +36,7 @@ from livepush.fanout.postgres import PostgresFanOut
 from livepush.postgres import connect as pg_connect
 from livepush.postgres import pools
 from livepush.migrate import migrate
+from livepush.postgres.batches import REGROW_AFTER, ShrinkingBatch
 from livepush.postgres.listener import Listener
 from tests.support import services
 from tests.support.fanouts import Collector, offsets_of, read_history, read_on_bounded
@@ -253,6 +254,34 @@ async def test_a_statement_timeout_shorter_than_a_prune_batch_halves_the_batch_a
         assert conn.execute("SELECT count(*) FROM livepush_messages").fetchone() == (0,)
     said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "statement_timeout" in r.getMessage()]
     assert len(said) == 1 and "expired messages of the history" in said[0], said
+
+
+async def test_a_halved_prune_batch_doubles_again_after_a_quiet_spell_so_one_slow_moment_does_not_slow_pruning_for_good() -> None:
+    """A cancel may be one slow moment (a checkpoint, a lock), not the timeout: ten minutes after
+    the last one the batch doubles again, up to its full size; a timeout that still holds halves
+    it back, at the cost of one cancelled statement a period. (Pure logic: a clock and a statement
+    that Postgres would cancel past a size.)"""
+    now = [0.0]
+    batch = ShrinkingBatch("rows", floor=50, log=logging.getLogger("test"), clock=lambda: now[0])
+    limit = [700]  # what the statement_timeout lets through
+
+    async def delete(size: int) -> int:
+        if size > limit[0]:
+            raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+        return size
+
+    assert await batch.run(5_000, delete) == (625, 625)
+    now[0] += REGROW_AFTER - 1
+    assert (await batch.run(5_000, delete))[1] == 625
+    limit[0] = 5_000  # the slow moment is over
+    now[0] += 1
+    assert [(await batch.run(5_000, delete))[1] for _ in range(2)] == [1_250, 1_250]
+    for expected in (2_500, 5_000, 5_000):
+        now[0] += REGROW_AFTER
+        assert (await batch.run(5_000, delete))[1] == expected
+    assert batch.cap is None
+    limit[0] = 700  # a timeout that comes back halves it again
+    assert (await batch.run(5_000, delete))[1] == 625
 
 
 async def test_the_idle_sweep_reaches_every_topic_a_stretch_at_a_time(
