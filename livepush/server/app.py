@@ -29,7 +29,7 @@ from ..config import Settings
 from ..errors import ConfigError, DependencyError, InvalidTopic, first_line
 from ..fanout import FanOut
 from ..sessions.handshake import REASONS as SESSION_REASONS
-from ..sessions.handshake import authenticate, duplicated_header, ignored_token, origin_allowed
+from ..sessions.handshake import authenticate, duplicated_header, ignored_token, origin_allowed, refused_origin_advice
 from ..sessions.revocations import MEMORY, READ_TIMEOUT, RevocationStore
 from ..sessions.rules import App
 from ..tasks import stop as stop_task
@@ -39,7 +39,7 @@ from . import drain, http
 from .connection import CLOSE_INTERNAL_ERROR, Connection, broadcast
 from .core import ConnectionCore
 from .hub import Hub, Interrupted
-from .limits import Quiet
+from .limits import FirstOfEach, Quiet
 from .readiness import Readiness, SchemaCheck
 
 log = logging.getLogger("livepush.server")
@@ -57,6 +57,10 @@ RECHECK_PAUSE = 0.1
 # A re-check that could not read the store is tried again after this long, while it cannot: a
 # revocation whose ring came just then must not wait for the next reverify_interval.
 RECHECK_RETRY = 0.5
+# Refused origins named in a WARNING, each once: a page on an origin the operator forgot to allow
+# shows "reconnecting" for ever, and this line is where the cause shows. Past these, a client
+# sending a new Origin each time would fill the log: the rest are debug lines.
+WARNED_ORIGINS = 10
 # A read of the revocation store fails after this long. A read that blocks (a migration holding a
 # revocation table's lock, a frozen connection) held every later re-check, so that sessions that
 # expired meanwhile stayed open, and each handshake with a session until the opening timed out and
@@ -133,6 +137,10 @@ class PushServer:
         self._rings = 0  # revocation rings heard: a handshake whose store read one overlapped checks again
         self._recheck_failures = 0  # re-checks in a row that could not read the store
         self._quiet = Quiet(log)  # what clients can cause: rate-limited
+        self._refused_origins = FirstOfEach(
+            log, WARNED_ORIGINS, f"refused connections from {WARNED_ORIGINS} different origins, each named in a "
+            "WARNING once: connections refused from further origins are logged at debug level only "
+            "(livepush_refusals_total{reason=\"origin\"} counts them all)")
 
     def _warn_session_rules(self) -> None:
         """Say once, as the server is made, that the app's rules that need a session allow nothing
@@ -240,7 +248,13 @@ class PushServer:
         if self._full():
             return self._full_response()
         if not origin_allowed(request.headers, self.settings.allowed_origins):
-            self._quiet.debug("refused a connection from a disallowed origin (set LIVEPUSH_ALLOWED_ORIGINS to allow it)")
+            # One Origin header: two got 400 above, and none is allowed.
+            origin = request.headers.get("Origin", "")[:200]
+            if self._refused_origins.new(origin.strip().rstrip("/").lower()):
+                log.warning("refused a connection from origin %r: %s", origin,
+                            refused_origin_advice(origin, self.settings.allowed_origins))
+            else:
+                self._quiet.debug("refused a connection from a disallowed origin (set LIVEPUSH_ALLOWED_ORIGINS to allow it)")
             metrics.REFUSALS.labels("origin").inc()
             return http.response(403, b"origin not allowed: set LIVEPUSH_ALLOWED_ORIGINS\n")
         rings = self._rings

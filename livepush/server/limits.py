@@ -73,3 +73,29 @@ class Quiet:
         self._counts[message] = (start, count + 1)
         if len(self._counts) > 1000:
             self._counts.clear()
+
+
+class FirstOfEach:
+    """Which keys a line is said for once: each of the first `limit` distinct keys is new the first
+    time it comes, and none after. Keys come from clients, so past `limit` none is remembered (the
+    memory stays bounded) and `past_limit` is logged once at WARNING instead: a client sending a
+    new key each time cannot fill the log either."""
+
+    def __init__(self, logger: logging.Logger, limit: int, past_limit: str) -> None:
+        self.logger = logger
+        self.limit = limit
+        self.past_limit = past_limit
+        self._seen: set[str] = set()
+        self._full = False
+
+    def new(self, key: str) -> bool:
+        """Whether `key` is one of the first `limit` keys, come for the first time."""
+        if key in self._seen:
+            return False
+        if len(self._seen) >= self.limit:
+            if not self._full:
+                self._full = True
+                self.logger.warning(self.past_limit)
+            return False
+        self._seen.add(key)
+        return True

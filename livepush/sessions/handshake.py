@@ -237,6 +237,26 @@ def origin_allowed(headers: HeadersLike, allowed: tuple[str, ...] | None) -> boo
     )
 
 
+def refused_origin_advice(origin: str, allowed: tuple[str, ...] | None) -> str:
+    """Why origin_allowed() refused the Origin `origin` under `allowed`, and what the operator
+    changes if the page is theirs: its page shows "reconnecting" for ever and says nothing more,
+    and a new domain or a development port missing from the setting is the usual cause."""
+    shown = origin.strip().rstrip("/")
+    if _parse_origin(shown) is None or "*" in shown or not shown.isascii() or not shown.isprintable():
+        return ("it is not an http(s)://host[:port] origin (a browser sends `null` from a sandboxed frame or a "
+                "file: page): only LIVEPUSH_ALLOWED_ORIGINS=* admits it, and then no session cookie is read; "
+                "serve the page over http(s) instead")
+    wildcards = "https://*.example.com admits every subdomain, * any origin but then no session cookie is read"
+    if allowed is None:
+        return (f"LIVEPUSH_ALLOWED_ORIGINS is unset, so only pages of the server's own host and port may connect: "
+                f"if this page is yours, set LIVEPUSH_ALLOWED_ORIGINS={shown} (comma-separated with your other "
+                f"pages' origins, the server's own included if its pages connect; {wildcards})")
+    listed = ",".join(allowed)
+    listed = listed if len(listed) <= 200 else listed[:200] + "..."
+    return (f"LIVEPUSH_ALLOWED_ORIGINS ({listed}) does not list it: if this page is yours, add {shown} to it "
+            f"(comma-separated; {wildcards})")
+
+
 # -- who is connecting ------------------------------------------------------------------
 
 

@@ -1,7 +1,7 @@
 """Handshake and HTTP: duplicated headers are refused and a target that is not a URL answered,
 without a traceback, `*` never reads cookies, bad origin entries end the command, the `__Host-`
-cookie and the subprotocol token are accepted, query tokens can be turned off, and client
-mistakes are logged quietly."""
+cookie and the subprotocol token are accepted, query tokens can be turned off, client
+mistakes are logged quietly, and a refused origin is named once in a warning."""
 
 from __future__ import annotations
 
@@ -15,13 +15,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 
 from livepush import sessions
 from livepush.cli.commands import main as cli
 from livepush.config import Settings, set_settings
 from livepush.errors import ConfigError, DependencyError
 from livepush.fanout.local import LocalFanOut
-from livepush.server.app import PushServer
+from livepush.server.app import WARNED_ORIGINS, PushServer
 from livepush.sessions import MemoryRevocations
 from tests.server.conftest import Served, make_settings, start_served
 from tests.support.http import upgrade_headers, upgrade_request
@@ -162,17 +164,91 @@ async def test_query_tokens_off_refuses_the_query_and_keeps_the_other_ways(secre
 
 
 async def test_client_mistakes_are_logged_at_debug_and_rate_limited(served: Served, caplog: pytest.LogCaptureFixture) -> None:
-    """Fifty refused origins and fifty bad tokens leave nothing above DEBUG in the log, and at most ten lines of each."""
+    """Fifty refusals of one origin and fifty bad tokens leave one WARNING, naming the origin the
+    first time, and otherwise nothing above DEBUG in the log, and at most ten lines of each."""
     caplog.set_level(logging.DEBUG, logger="livepush")
     port = served.server.port
     for _ in range(50):
         await asyncio.to_thread(raw_request, port, upgrade_headers(port) + [("Origin", "https://evil.example")])
         await asyncio.to_thread(raw_request, port, upgrade_headers(port) + [("Cookie", "livepush_session=forged.token")])
     mine = [r for r in caplog.records if r.name.startswith("livepush")]
-    assert all(r.levelno <= logging.DEBUG for r in mine), [(r.levelname, r.getMessage()) for r in mine]
-    origins = [r for r in mine if "origin" in r.getMessage()]
-    tokens = [r for r in mine if "session" in r.getMessage()]
+    above_debug = [r.getMessage() for r in mine if r.levelno > logging.DEBUG]
+    assert len(above_debug) == 1 and "'https://evil.example'" in above_debug[0], above_debug
+    debug = [r.getMessage() for r in mine if r.levelno == logging.DEBUG]
+    origins = [line for line in debug if "origin" in line]
+    tokens = [line for line in debug if "session" in line]
     assert 1 <= len(origins) <= 10 and 1 <= len(tokens) <= 10, (len(origins), len(tokens))
+
+
+async def refused(port: int, origin: str) -> tuple[int, bytes]:
+    """The status and body the server answers a browser handshake from `origin` with, refused."""
+    try:
+        ws = await connect(f"ws://127.0.0.1:{port}/", origin=origin, open_timeout=5)  # type: ignore[arg-type]
+    except InvalidStatus as exc:
+        return exc.response.status_code, exc.response.body or b""
+    await ws.close()
+    raise AssertionError(f"the server let a page of {origin} connect")
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name.startswith("livepush") and r.levelno >= logging.WARNING]
+
+
+async def test_a_refused_origin_is_named_once_in_a_warning_that_says_what_to_set(
+        secret: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A page on an origin the server refuses shows "reconnecting" for ever, and the cause is
+    usually the operator's setting (a new domain, a development port). The first refusal of each
+    origin is a WARNING naming the origin and LIVEPUSH_ALLOWED_ORIGINS, what to add to it; the
+    same origin again adds none. The refusal itself is unchanged: 403 and its body."""
+    caplog.set_level(logging.DEBUG, logger="livepush")
+    for allowed, said in ((None, "LIVEPUSH_ALLOWED_ORIGINS is unset"),
+                          (("https://app.example.com",), "LIVEPUSH_ALLOWED_ORIGINS (https://app.example.com) does "
+                                                         "not list it")):
+        s = await serve(secret, allowed_origins=allowed)
+        try:
+            caplog.clear()
+            for _ in range(3):
+                assert await refused(s.server.port, "http://localhost:8000") == (
+                    403, b"origin not allowed: set LIVEPUSH_ALLOWED_ORIGINS\n")
+        finally:
+            await s.stop()
+        [warning] = warnings_of(caplog)
+        assert "'http://localhost:8000'" in warning and said in warning, warning
+        assert "LIVEPUSH_ALLOWED_ORIGINS=http://localhost:8000" in warning or "add http://localhost:8000" in warning, warning
+
+
+async def test_an_origin_no_list_can_admit_is_named_with_why(secret: str, caplog: pytest.LogCaptureFixture) -> None:
+    """`null`, which a sandboxed frame or a file: page sends, is no origin a list can name: the
+    warning says so and that only `*` admits it, rather than to list `null`, which ends the server
+    at start."""
+    caplog.set_level(logging.DEBUG, logger="livepush")
+    s = await serve(secret)
+    try:
+        assert (await refused(s.server.port, "null"))[0] == 403
+    finally:
+        await s.stop()
+    [warning] = warnings_of(caplog)
+    assert "'null'" in warning and "only LIVEPUSH_ALLOWED_ORIGINS=*" in warning, warning
+
+
+async def test_refused_origins_named_in_warnings_are_bounded(secret: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A client sending a new Origin on each handshake cannot fill the log: the first
+    WARNED_ORIGINS distinct origins get their WARNING, then one line says that further ones are
+    logged at debug level only, and no refusal after it, of a new origin or an old one, adds any."""
+    caplog.set_level(logging.DEBUG, logger="livepush")
+    s = await serve(secret)
+    try:
+        port = s.server.port
+        for n in range(WARNED_ORIGINS + 20):
+            answer = await asyncio.to_thread(raw_request, port, upgrade_headers(port) + [("Origin", f"https://s{n}.example")])
+            assert answer.startswith(b"HTTP/1.1 403"), answer[:80]
+        first_ones = warnings_of(caplog)
+        await asyncio.to_thread(raw_request, port, upgrade_headers(port) + [("Origin", "https://s0.example")])
+    finally:
+        await s.stop()
+    assert [w.split("'")[1] for w in first_ones[:WARNED_ORIGINS]] == [f"https://s{n}.example" for n in range(WARNED_ORIGINS)]
+    assert len(first_ones) == WARNED_ORIGINS + 1 and "logged at debug level only" in first_ones[-1], first_ones
+    assert warnings_of(caplog) == first_ones
 
 
 async def test_a_token_the_server_ignores_is_named_in_a_debug_line_without_the_token(
@@ -291,7 +367,7 @@ def _send_and_leave(port: int, headers: list[tuple[str, str]], path: str = "/") 
 
 async def test_a_client_that_leaves_before_its_answer_leaves_no_error_in_the_log(
         served: Served, caplog: pytest.LogCaptureFixture) -> None:
-    """A client that sends its request and closes at once (a refused Origin, a plain GET, an upgrade) gets no error and no traceback into the log, however often it does."""
+    """A client that sends its request and closes at once (a refused Origin, a plain GET, an upgrade) gets no error and no traceback into the log, however often it does (the refused origin's one warning aside)."""
     caplog.set_level(logging.DEBUG)
     port = served.server.port
     for _ in range(10):
@@ -305,7 +381,8 @@ async def test_a_client_that_leaves_before_its_answer_leaves_no_error_in_the_log
     await async_wait_for(lambda: not core._handshakes and core._live == 0, timeout=5,
                          message="every handshake answered and every connection gone")
     gc.collect()  # a task's unretrieved exception is logged when the task goes
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
+    assert not [r for r in caplog.records if (r.levelno >= logging.WARNING and "refused a connection from origin "
+                                               "'https://evil.example'" not in r.getMessage()) or r.exc_info], caplog.text
 
 
 class _StoreHeld(MemoryRevocations):
