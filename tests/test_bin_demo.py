@@ -1,6 +1,7 @@
 """`bin/demo`, the README's first command, in a copy of the project: it makes or mends `.venv`,
 installs livepush into it and starts the demo. These tests install livepush's dependencies with
-pip, as a user's first run does, so they take a minute.
+pip, as a user's first run does, so they take a minute. `bin/setup` (which `bin/test` runs) makes
+the same `.venv`, and mends a copied one as bin/demo does.
 """
 
 from __future__ import annotations
@@ -30,15 +31,16 @@ pytestmark = pytest.mark.slow
 
 
 def project_copy(folder: Path) -> Path:
-    """What bin/demo needs of the project, copied to `folder`."""
+    """What bin/demo and bin/setup need of the project, copied to `folder`."""
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, folder / name)
     shutil.copytree(ROOT / "sql", folder / "sql")
     shutil.copytree(ROOT / "livepush", folder / "livepush", symlinks=True,
                     ignore=shutil.ignore_patterns("__pycache__"))
     (folder / "bin").mkdir()
-    shutil.copy2(ROOT / "bin" / "demo", folder / "bin" / "demo")
-    shutil.copytree(ROOT / "bin" / "lib", folder / "bin" / "lib")  # the Python it picks: recent_python
+    for name in ("demo", "setup"):
+        shutil.copy2(ROOT / "bin" / name, folder / "bin" / name)
+    shutil.copytree(ROOT / "bin" / "lib", folder / "bin" / "lib")  # the Python it picks, a copied .venv
     return folder
 
 
@@ -124,6 +126,21 @@ def test_bin_demo_reached_through_a_symlink_runs_in_its_checkout(
     assert not (tmp_path / ".venv").exists(), "bin/demo made a .venv beside its link"
 
 
+def copied_checkout(tmp_path: Path) -> tuple[Path, Path]:
+    """(original, copy): a project whose .venv is made and current for bin/demo and bin/setup
+    alike, and a copy of it made with that .venv, as `cp -r` makes one."""
+    (tmp_path / "original").mkdir()
+    original = installed(project_copy(tmp_path / "original"))
+    shutil.rmtree(original / ".venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(original / ".venv")], check=True, timeout=60)
+    stamp = hashlib.sha256((original / "pyproject.toml").read_bytes()).hexdigest() + "\n"
+    for name in (".livepush-demo-stamp", ".livepush-test-stamp"):
+        (original / ".venv" / name).write_text(stamp)
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy, symlinks=True)
+    return original, copy
+
+
 def test_bin_demo_in_a_copied_checkout_makes_its_venv_again_for_the_copy(
     tmp_path: Path, procs: Processes, livepush_env: Callable[..., dict[str, str]], pg_url: str
 ) -> None:
@@ -131,14 +148,7 @@ def test_bin_demo_in_a_copied_checkout_makes_its_venv_again_for_the_copy(
     else's) has a venv that names the folder it was made in: its activate script and commands,
     and its editable install, would run the other checkout. bin/demo says so, makes .venv again
     in the copy and serves the demo (exit 0 on SIGTERM)."""
-    (tmp_path / "original").mkdir()
-    original = installed(project_copy(tmp_path / "original"))
-    shutil.rmtree(original / ".venv")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(original / ".venv")], check=True, timeout=60)
-    (original / ".venv" / ".livepush-demo-stamp").write_text(
-        hashlib.sha256((original / "pyproject.toml").read_bytes()).hexdigest() + "\n")
-    copy = tmp_path / "copy"
-    shutil.copytree(original, copy, symlinks=True)
+    original, copy = copied_checkout(tmp_path)
 
     env = livepush_env(database_url=pg_url)
     demo = procs.start([str(copy / "bin" / "demo")], env=env, cwd=copy, port=int(env["LIVEPUSH_PORT"]), name="bin/demo")
@@ -149,6 +159,47 @@ def test_bin_demo_in_a_copied_checkout_makes_its_venv_again_for_the_copy(
     assert demo.stop(15) == 0, demo.output()
     assert str(original) not in (copy / ".venv" / "bin" / "activate").read_text()
     assert f"{copy}/.venv" in (copy / ".venv" / "pyvenv.cfg").read_text()
+
+
+def test_bin_setup_in_a_copied_checkout_makes_its_venv_again_for_the_copy(
+    tmp_path: Path, procs: Processes, livepush_env: Callable[..., dict[str, str]]
+) -> None:
+    """bin/setup, which bin/test runs first, takes a .venv copied with its checkout as bin/demo
+    does: it says so and makes .venv again in the copy before installing into it, rather than keep
+    a venv whose commands (the `livepush` the tests run) start the other checkout's Python. What it
+    installs then is what it installs into any new .venv: the test stops it there."""
+    original, copy = copied_checkout(tmp_path)
+
+    setup = procs.start([str(copy / "bin" / "setup")], env=livepush_env(), cwd=copy, name="bin/setup")
+    wait_for(lambda: "installing the project" in setup.stderr() or not setup.running, 60.0,
+             message="bin/setup to make the copied .venv again and start installing, or to end")
+    setup.kill()
+    assert f"bin/setup: .venv was made for {original}" in setup.stderr(), setup.output()
+    assert "installing the project" in setup.stderr(), setup.output()
+    assert str(original) not in (copy / ".venv" / "bin" / "activate").read_text()
+    assert f"{copy}/.venv" in (copy / ".venv" / "pyvenv.cfg").read_text()
+
+
+def test_bin_setup_leaves_a_venv_linked_from_elsewhere_as_it_is(
+    tmp_path: Path, procs: Processes, livepush_env: Callable[..., dict[str, str]]
+) -> None:
+    """A checkout whose .venv is a link to a venv made elsewhere (one venv for several checkouts)
+    runs that venv: bin/setup, as bin/demo, does not take it for a copied one to make again, which
+    through the link would empty the venv every other checkout runs."""
+    shared = tmp_path / "shared" / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(shared)], check=True, timeout=60)
+    (tmp_path / "project").mkdir()
+    project = project_copy(tmp_path / "project")
+    (shared / ".livepush-test-stamp").write_text(
+        hashlib.sha256((project / "pyproject.toml").read_bytes()).hexdigest() + "\n")
+    (project / ".venv").symlink_to(shared)
+
+    # Were it to install, pip finds no index and fails at once.
+    setup = procs.start([str(project / "bin" / "setup")], env={**livepush_env(), "PIP_NO_INDEX": "1"}, cwd=project,
+                        name="bin/setup")
+    assert setup.wait(60) == 0, setup.output()
+    assert "made for" not in setup.stderr(), setup.output()
+    assert (shared / ".livepush-test-stamp").exists(), "bin/setup emptied the linked venv"
 
 
 def test_bin_demo_keeps_the_venv_made_in_its_checkout_whatever_the_checkout_path_holds(
