@@ -266,7 +266,8 @@ def test_bin_demo_in_a_checkout_this_user_cannot_write_says_what_to_do_in_one_li
     """A checkout of someone else's, or on a read-only mount, cannot hold the .venv that bin/demo
     makes: it says so in one line naming the checkout and what to do (copy it to a folder of
     one's own), instead of venv's bare "Error: [Errno 13] Permission denied" or "[Errno 30]
-    Read-only file system"."""
+    Read-only file system". The `cp -r` it gives copies `.livepush/` too, another user's demo
+    data that cp cannot read: the line says that cp's "Permission denied" for it is harmless."""
     folder = Path(tempfile.mkdtemp(prefix="livepush-not-writable-"))
     try:
         folder.chmod(0o755)
@@ -283,6 +284,7 @@ def test_bin_demo_in_a_checkout_this_user_cannot_write_says_what_to_do_in_one_li
         err = demo.stderr().strip()
         assert len(err.splitlines()) == 1 and "Errno" not in err, err
         assert f"cannot make .venv in {project}" in err and "copy the checkout" in err, err
+        assert f"cp -r {project} " in err and '"Permission denied" for .livepush/' in err and "harmless" in err, err
         assert not (project / ".venv").exists()
     finally:
         subprocess.run(["chmod", "-R", "u+w", str(folder)], check=False, timeout=30)
