@@ -337,6 +337,25 @@ def test_a_pgbouncer_at_its_max_client_conn_is_said_as_full_with_what_to_raise_n
     assert "cannot reach" not in message and "that the server is running" not in message, message
 
 
+@pytest.mark.parametrize("setting", ["max_client_conn", "max_db_client_connections", "max_user_client_connections"])
+def test_each_pgbouncer_client_limit_is_said_as_a_full_pooler_naming_that_limit(setting: str) -> None:
+    """PgBouncer 1.24 added client limits per database and per user, refused in other words than
+    max_client_conn's ("client connections exceeded (...)"). Each is said as a pooler that is up
+    and full, naming the limit to raise, never as "cannot reach Postgres ... check that the server
+    is running". (The driver's error as psycopg raises it; PgBouncer 1.18 here has only the first.)"""
+    from livepush.postgres.connect import translate
+
+    said = ("no more connections allowed (max_client_conn)" if setting == "max_client_conn"
+            else f"client connections exceeded ({setting})")
+    url = "postgresql://app:secret@pooler.example:6432/app"
+    error = translate(url, psycopg.OperationalError(
+        f'connection failed: connection to server at "10.0.0.5", port 6432 failed: FATAL:  {said}'))
+    message = str(error)
+    assert isinstance(error, DependencyError) and said in message, message
+    assert f"raise its {setting}" in message and "PgBouncer" in message, message
+    assert "cannot reach" not in message and "secret" not in message, message
+
+
 def test_migrate_through_transaction_mode(pg_admin_url: str, transaction_pool: PgBouncer) -> None:
     """`migrate()` runs in one transaction under a transaction-level advisory lock, so it holds
     through transaction mode too (preparing off): the schema is complete and a second run finds

@@ -178,18 +178,21 @@ def _setting_of(url: str) -> str:
 # a failed connect carries no SQLSTATE (see _LOGIN_REFUSED), so the words, in English, are the sign.
 _NO_SLOT = re.compile(r"too many clients already|too many connections for (?:role|database)"
                       r"|remaining connection slots are reserved")
-# What PgBouncer says when it refuses a client for want of a slot of its own (max_client_conn):
-# it answers the login itself, with no SQLSTATE either, so its words are the one sign.
-_POOLER_FULL = re.compile(r"no more connections allowed \(max_client_conn\)")
+# What PgBouncer says when it refuses a client for want of a slot of its own: max_client_conn, or
+# (1.24 and later) the client limits per database and per user, in other words. It answers the
+# login itself, with no SQLSTATE either, so its words are the one sign; the group is the limit.
+_POOLER_FULL = re.compile(r"no more connections allowed \((max_client_conn)\)"
+                          r"|client connections exceeded \((max_db_client_connections|max_user_client_connections)\)")
 
 
 def unreachable(url: str, exc: BaseException) -> DependencyError:
-    if _POOLER_FULL.search(str(exc)):
+    full = _POOLER_FULL.search(str(exc))
+    if full:
         # Postgres behind it may have slots to spare: what to change is the pooler's limit, or how
         # many connections livepush's processes open through it (each one's pools have fixed sizes).
         return DependencyError(
             f"PgBouncer at {redact(url)} is up but takes no more clients ({_reason(url, exc)}): raise its "
-            "max_client_conn, or open fewer connections through it: fewer `serve` workers (LIVEPUSH_WORKERS), "
+            f"{full[1] or full[2]}, or open fewer connections through it: fewer `serve` workers (LIVEPUSH_WORKERS), "
             "`livepush jobs` processes or app processes, each of which holds its listener and small pools "
             "(LIVEPUSH_LISTEN_DATABASE_URL can send the listeners past it)")
     if getattr(exc, "sqlstate", None) == "53300" or _NO_SLOT.search(str(exc)):
