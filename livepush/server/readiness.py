@@ -97,8 +97,8 @@ class Canary:
     # rather than only "late".
     refused: str | None = None
     # Why the read of its topic's history after its last publish was refused, None once one was
-    # made: a role that may publish but not read hears its canary, yet serves no history (and, on
-    # Postgres, no live message: a doorbell is read from the log).
+    # made or a publish failed otherwise (no read then): a role that may publish but not read hears
+    # its canary, yet serves no history (and, on Postgres, no live message: a doorbell is read from the log).
     unread: str | None = None
 
     def sent(self, at: float) -> list[object]:
@@ -312,8 +312,10 @@ class Readiness:
             except Exception as exc:  # the fan-out is down: the canary stays unanswered
                 reraise_if_cancelled()
                 # A refusal said before is no longer known: the grant may be back, and the
-                # detail would send the operator to it rather than to the outage.
+                # detail would send the operator to it rather than to the outage. Nor is the
+                # read's: none follows a publish that failed.
                 self.canary.refused = None
+                self.canary.unread = None
                 log.debug("canary publish failed: %s", first_line(exc))
             else:
                 self.canary.refused = None

@@ -307,6 +307,48 @@ async def test_a_refused_canary_publish_is_not_named_once_the_fan_out_fails_for_
             await ringing
 
 
+class _UnreadableFanOut(_ScriptedFanOut):
+    """A scripted fan-out whose canary publish returns an offset when given one rather than an
+    error, and whose history read is refused, as for a role without SELECT on the log."""
+
+    async def apublish(self, topic: str, data: object, *, conn: object = None) -> str:  # type: ignore[override]
+        outcome = await self.failures.get()
+        self.publishes += 1
+        if isinstance(outcome, Exception):
+            raise outcome
+        return str(outcome)
+
+    async def history(self, topic: str, since: str, *, limit: int = 100,  # type: ignore[override]
+                      timeout: float | None = None) -> None:
+        raise ConfigError("permission denied for table livepush_messages: run livepush migrate --runtime-role ROLE")
+
+
+async def test_a_refused_history_read_is_not_named_once_the_fan_out_fails_for_another_reason() -> None:
+    """As for a refused publish: a read of the canary's topic refused (SELECT revoked) is named in
+    the canary check; once publishes fail for another reason (the database went away), no read is
+    made, and the check no longer blames the grant, which may be back meanwhile."""
+    fanout = _UnreadableFanOut()
+    readiness = Readiness(fanout, away=lambda: None, draining=lambda: False, every=0.01, bound=5.0,
+                          clock=lambda: 0.0)
+
+    def canary_detail() -> str:
+        return str(json.loads(readiness.report()[1])["checks"]["canary"].get("detail", ""))
+
+    ringing = asyncio.create_task(readiness._ring())
+    try:
+        fanout.failures.put_nowait("1-1")  # type: ignore[arg-type]  # published: the read after it is refused
+        await async_wait_for(lambda: readiness.canary.unread is not None, 5.0, message="the read to be refused")
+        assert "history was refused: permission denied" in canary_detail(), canary_detail()
+        fanout.failures.put_nowait(DependencyError("cannot reach Postgres"))
+        await async_wait_for(lambda: fanout.publishes == 2, 5.0, message="the next publish to fail")
+        away = canary_detail()
+        assert "refused" not in away and "permission denied" not in away, away
+    finally:
+        ringing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ringing
+
+
 # -- a real server on each fan-out --------------------------------------------------------------
 
 async def readyz(served: Served, port: int | None = None) -> tuple[int, dict[str, object]]:
