@@ -1058,7 +1058,9 @@ export class LivePush {
   _connect(renewed) {
     this._reconnectTimer.cancel();
     if (this._stopped) return;
-    this._setStatus(this._tries > 0 || this._everOpened ? Status.RECONNECTING : Status.CONNECTING, {});
+    // A renewal's attempt is never the first, even before any hello (a 4403 that came first).
+    const again = this._tries > 0 || this._everOpened || renewed !== undefined;
+    this._setStatus(again ? Status.RECONNECTING : Status.CONNECTING, {});
     /** @type {any} an instance of the browser's WebSocket or of the one injected */
     let ws;
     try {

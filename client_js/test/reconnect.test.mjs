@@ -255,6 +255,18 @@ test('a connection opened after a renewal without one (the network dropped) rene
   h.lp.close();
 });
 
+test('a 4403 before the first hello, renewed, stays `reconnecting` until the renewed connection opens', () => {
+  // `connecting` is the first attempt's: the renewed one is a second, announced as reconnecting.
+  let n = 0;
+  const h = harness({ token: () => `tok-${++n}` });
+  h.last().serverClose(4403);
+  assert.equal(h.sockets.length, 2);
+  assert.equal(h.lp.status, 'reconnecting');
+  h.last().hello({ session: { subject: '7' } });
+  assert.deepEqual(h.statuses.map((s) => s.status), ['reconnecting', 'open']);
+  h.lp.close();
+});
+
 test('4401, and a 4403 on a connection that sent no token, ask no token function and stop for good', () => {
   // 4401: no valid session at the handshake, which the function was asked for just before.
   let asked = 0;
