@@ -57,10 +57,11 @@ RECHECK_PAUSE = 0.1
 # A re-check that could not read the store is tried again after this long, while it cannot: a
 # revocation whose ring came just then must not wait for the next reverify_interval.
 RECHECK_RETRY = 0.5
-# Refused origins named in a WARNING, each once: a page on an origin the operator forgot to allow
-# shows "reconnecting" for ever, and this line is where the cause shows. Past these, a client
-# sending a new Origin each time would fill the log: the rest are debug lines.
+# Refused origins named in a WARNING, each once an hour: a page on an origin the operator forgot
+# to allow shows "reconnecting" for ever, and this line is where the cause shows. Past these, a
+# client sending a new Origin each time would fill the log: the rest of the hour's are debug lines.
 WARNED_ORIGINS = 10
+WARNED_ORIGINS_PERIOD = 3600.0
 # A read of the revocation store fails after this long. A read that blocks (a migration holding a
 # revocation table's lock, a frozen connection) held every later re-check, so that sessions that
 # expired meanwhile stayed open, and each handshake with a session until the opening timed out and
@@ -138,9 +139,9 @@ class PushServer:
         self._recheck_failures = 0  # re-checks in a row that could not read the store
         self._quiet = Quiet(log)  # what clients can cause: rate-limited
         self._refused_origins = FirstOfEach(
-            log, WARNED_ORIGINS, f"refused connections from {WARNED_ORIGINS} different origins, each named in a "
-            "WARNING once: connections refused from further origins are logged at debug level only "
-            "(livepush_refusals_total{reason=\"origin\"} counts them all)")
+            log, WARNED_ORIGINS, f"refused connections from {WARNED_ORIGINS} different origins this hour, each named "
+            "in a WARNING once: connections refused from further origins are logged at debug level only until the "
+            "hour is over (livepush_refusals_total{reason=\"origin\"} counts them all)", WARNED_ORIGINS_PERIOD)
 
     def _warn_session_rules(self) -> None:
         """Say once, as the server is made, that the app's rules that need a session allow nothing

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 SUBSCRIBES_PER_SECOND = 100.0
@@ -76,20 +77,29 @@ class Quiet:
 
 
 class FirstOfEach:
-    """Which keys a line is said for once: each of the first `limit` distinct keys is new the first
-    time it comes, and none after. Keys come from clients, so past `limit` none is remembered (the
-    memory stays bounded) and `past_limit` is logged once at WARNING instead: a client sending a
-    new key each time cannot fill the log either."""
+    """Which keys a line is said for once a period: each of the first `limit` distinct keys of a
+    period is new the first time it comes in it, and none after. Keys come from clients, so past
+    `limit` none is remembered (the memory stays bounded) and `past_limit` is logged once at
+    WARNING instead: a client sending a new key each time cannot fill the log either. A new period
+    forgets them all, so keys that clients (a scanner) sent first cannot take every slot for good."""
 
-    def __init__(self, logger: logging.Logger, limit: int, past_limit: str) -> None:
+    def __init__(self, logger: logging.Logger, limit: int, past_limit: str, period: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.logger = logger
         self.limit = limit
         self.past_limit = past_limit
+        self.period = period
+        self._clock = clock
         self._seen: set[str] = set()
         self._full = False
+        self._since = clock()
 
     def new(self, key: str) -> bool:
-        """Whether `key` is one of the first `limit` keys, come for the first time."""
+        """Whether `key` is one of the first `limit` keys of this period, come for the first time."""
+        if self._clock() - self._since >= self.period:
+            self._seen.clear()
+            self._full = False
+            self._since = self._clock()
         if key in self._seen:
             return False
         if len(self._seen) >= self.limit:

@@ -256,7 +256,9 @@ async def test_a_session_that_ends_while_connected_is_renewed_from_the_token_fun
     await push_server.restart()
     sockets: list[WebSocket] = []
     client_page.on("websocket", lambda ws: sockets.append(ws))
-    first = sessions.issue("user-1", ttl=3 if ending == "expired" else 86400)
+    # Long enough that a loaded machine's page opens on it before it ends: one that opened after
+    # would be taken as anonymous and renewed through a refusal instead, never closed with 4403.
+    first = sessions.issue("user-1", ttl=8 if ending == "expired" else 86400)
     fresh = sessions.issue("user-1")
     topic = "user:user-1"
     await client_page.evaluate(

@@ -24,6 +24,7 @@ from livepush.config import Settings, set_settings
 from livepush.errors import ConfigError, DependencyError
 from livepush.fanout.local import LocalFanOut
 from livepush.server.app import WARNED_ORIGINS, PushServer
+from livepush.server.limits import FirstOfEach
 from livepush.sessions import MemoryRevocations
 from tests.server.conftest import Served, make_settings, start_served
 from tests.support.http import upgrade_headers, upgrade_request
@@ -249,6 +250,21 @@ async def test_refused_origins_named_in_warnings_are_bounded(secret: str, caplog
     assert [w.split("'")[1] for w in first_ones[:WARNED_ORIGINS]] == [f"https://s{n}.example" for n in range(WARNED_ORIGINS)]
     assert len(first_ones) == WARNED_ORIGINS + 1 and "logged at debug level only" in first_ones[-1], first_ones
     assert warnings_of(caplog) == first_ones
+
+
+def test_the_named_origins_start_again_each_hour_so_a_scanners_origins_cannot_hide_yours_for_good(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Clients that sent ten origins first (a scanner's) took the hour's slots; the operator's own
+    missing origin, refused after them, is named once the hour is over. (Pure logic: a clock.)"""
+    now = [0.0]
+    named = FirstOfEach(logging.getLogger("livepush.test"), 10, "further origins at debug", 3600.0,
+                        clock=lambda: now[0])
+    assert all(named.new(f"https://scan{n}.example") for n in range(10))
+    assert not named.new("https://app.example")
+    now[0] += 3600.0
+    assert named.new("https://app.example")
+    assert not named.new("https://app.example")
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == ["further origins at debug"]
 
 
 async def test_a_token_the_server_ignores_is_named_in_a_debug_line_without_the_token(
