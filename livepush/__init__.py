@@ -49,16 +49,19 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        # A submodule (`livepush.sessions.issue(...)`, `livepush.fanout.from_env()` after a bare
-        # `import livepush`), which the package's imports used to bring in as a side effect.
-        if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        return importlib.import_module(f".{name}", __name__)
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    globals()[name] = value  # looked up once
-    return value
+if not TYPE_CHECKING:
+    # Hidden from type checkers, which would read any name of the package, a misspelt one
+    # included, as this function's Any: the names it serves are imported above for them.
+    def __getattr__(name: str) -> Any:
+        if name not in _LAZY:
+            # A submodule (`livepush.sessions.issue(...)`, `livepush.fanout.from_env()` after a bare
+            # `import livepush`), which the package's imports used to bring in as a side effect.
+            if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+                raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+            return importlib.import_module(f".{name}", __name__)
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value  # looked up once
+        return value
 
 
 def __dir__() -> list[str]:

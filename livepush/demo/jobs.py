@@ -34,6 +34,7 @@ async def import_row(ctx: jobs.JobContext, import_id: int, row: int) -> None:
 async def import_finished(ctx: jobs.JobContext, import_id: int) -> None:
     """The group's on_finish callback: runs once, after every row is done."""
     g = ctx.group
+    assert g is not None  # a callback's: its group's (a job enqueued on its own has none)
     log.info("import of group %s finished: %s succeeded, %s failed, %s cancelled", g.id, g.succeeded, g.failed, g.cancelled)
 
 

@@ -20,7 +20,7 @@ with `livepush jobs MODULE` (see docs/jobs.md).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .api.control import (
     acancel,
@@ -41,7 +41,7 @@ from .api.control import (
 from .api.reads import JobInfo, aget_job, alist_failed, alist_tagged, get_job, list_failed, list_tagged
 from .api.enqueue import aenqueue_many, enqueue_many
 from .api.functions import JobFunction, default_backoff, job
-from .api.handles import JobHandle
+from .api.handles import JobHandle, WorkflowHandle
 from .api.registry import REGISTRY, JobRequest
 from .api.status import Status, astatus, status
 from .api.testing import aclear, adrain, clear, drain
@@ -98,7 +98,8 @@ from .periodic.decorator import periodic
 from .periodic.forget import aforget_periodic, forget_periodic
 from .runtime.context import JobContext, SyncJobContext
 from .workflows.definition import Workflow
-from .workflows.runner import StepContext, WorkflowHandle, workflow
+from .workflows.runner import StepContext, workflow
+from . import workflows  # jobs.workflows.<verb>: bound by name for type checkers (pyright)
 
 __all__ = [
     "MAX_GROUP_MEMBERS",
@@ -203,14 +204,19 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "Runtime":
-        from .runtime.runtime import Runtime
+if TYPE_CHECKING:
+    from .runtime.runtime import Runtime
+else:
+    # Hidden from type checkers, which would read any name of the module (jobs.enqueue included)
+    # as this function's Any; Runtime is imported above for them.
+    def __getattr__(name: str) -> Any:
+        if name == "Runtime":
+            from .runtime.runtime import Runtime
 
-        return Runtime
-    if name in ("enqueue", "aenqueue"):
-        # RQ's queue.enqueue(f, *args), written as jobs.enqueue(f, *args): say where the call is.
-        raise AttributeError(f"module {__name__!r} has no {name}(): a job enqueues itself, "
-                             f"some_job.{name}(*args), and jobs.{name}_many([some_job.request(*args), ...]) "
-                             "enqueues several")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+            return Runtime
+        if name in ("enqueue", "aenqueue"):
+            # RQ's queue.enqueue(f, *args), written as jobs.enqueue(f, *args): say where the call is.
+            raise AttributeError(f"module {__name__!r} has no {name}(): a job enqueues itself, "
+                                 f"some_job.{name}(*args), and jobs.{name}_many([some_job.request(*args), ...]) "
+                                 "enqueues several")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

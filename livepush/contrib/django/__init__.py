@@ -15,7 +15,7 @@ needs Django installed.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 _NAMES = {
     "LivePushBackend": ".backend",
@@ -35,15 +35,28 @@ _NAMES = {
     "TransactionNotSupported": ".errors",
 }
 
-__all__ = list(_NAMES)
+# Spelled out, not list(_NAMES): a type checker reads a literal __all__ only.
+__all__ = ["LivePushBackend", "TaskSpec", "progress", "current_job", "RUN_TASK", "task_group", "request", "publish",
+           "publish_many", "LivePushSessionMiddleware", "Subscription", "subscription", "job_topic",
+           "TaskNotSupported", "TransactionNotSupported"]
 
-
-def __getattr__(name: str) -> Any:
-    module = _NAMES.get(name)
-    if module is None:
-        # `LivepushBackend` for `LivePushBackend`: Django's error for a path in TASKS or MIDDLEWARE
-        # says only that the attribute is missing, and its traceback shows this one.
-        meant = [known for known in _NAMES if known.lower() == name.lower()]
-        hint = f": did you mean {meant[0]!r}?" if meant else ""
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}{hint}")
-    return getattr(importlib.import_module(module, __name__), name)
+if TYPE_CHECKING:
+    # The names for type checkers, which cannot follow __getattr__ (they would read every name,
+    # a misspelt one included, as its Any).
+    from .backend import LivePushBackend, TaskSpec
+    from .errors import TaskNotSupported, TransactionNotSupported
+    from .execution import RUN_TASK, current_job, progress
+    from .groups import request, task_group
+    from .pages import Subscription, job_topic, subscription
+    from .publishing import publish, publish_many
+    from .sessions import LivePushSessionMiddleware
+else:
+    def __getattr__(name: str) -> Any:
+        module = _NAMES.get(name)
+        if module is None:
+            # `LivepushBackend` for `LivePushBackend`: Django's error for a path in TASKS or MIDDLEWARE
+            # says only that the attribute is missing, and its traceback shows this one.
+            meant = [known for known in _NAMES if known.lower() == name.lower()]
+            hint = f": did you mean {meant[0]!r}?" if meant else ""
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}{hint}")
+        return getattr(importlib.import_module(module, __name__), name)

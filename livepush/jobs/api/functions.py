@@ -7,7 +7,7 @@ import inspect
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Never, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, overload
 
 from . import enqueue as _enqueue
 from .args import arity, check_args, refuse_arity, refuse_keywords, required_keywords
@@ -22,6 +22,25 @@ from ...types import Seconds, as_seconds
 from ...usercode import cannot_take
 
 MAX_BACKOFF = 3600.0
+
+# A job function's parameters after ctx (P) and what it returns (R), so that a type checker reads
+# `some_job.enqueue(...)` and `some_job.request(...)` against the function. The defaults (PEP 696,
+# spelled through typing_extensions, which type checkers bundle) keep a bare `JobFunction` in a
+# user's annotation valid under `mypy --strict`; Python 3.11's own ParamSpec takes no default.
+if TYPE_CHECKING:
+    from typing_extensions import ParamSpec, TypeVar
+
+    P = ParamSpec("P", default=...)
+    R = TypeVar("R", covariant=True, default=Any)
+else:
+    from typing import ParamSpec, TypeVar
+
+    P = ParamSpec("P")
+    R = TypeVar("R", covariant=True)
+# The decorators' own: mypy does not match a nested decorator against a return type spelled with
+# the class's variables (covariant, with defaults).
+FP = ParamSpec("FP")
+FR = TypeVar("FR")
 
 # The keywords JobFunction.enqueue/aenqueue and request take, named when another is given.
 ENQUEUE_OPTIONS = ("wait", "at", "conn", "key", "debounce", "tags")
@@ -146,11 +165,12 @@ def _default_name(func: Callable[..., Any]) -> str:
     return f"{func.__module__}.{qualname}"
 
 
-class JobFunction:
+class JobFunction(Generic[P, R]):
     """What `@jobs.job` returns: still callable as the plain function, plus enqueue.
 
     Its public names are what docs/reference.md describes (the function, the decorator's
-    options, request/enqueue/aenqueue); the underscored ones are the runtime's bookkeeping."""
+    options, request/enqueue/aenqueue); the underscored ones are the runtime's bookkeeping.
+    `JobFunction[P, R]`: P the function's parameters after ctx, R what it returns."""
 
     # The workflow whose step this job runs (workflows/definition.py), else None: its jobs take
     # the steps' claim (workflows/queries.py: CLAIM_STEPS).
@@ -162,7 +182,7 @@ class JobFunction:
 
     def __init__(
         self,
-        func: Callable[..., Any],
+        func: Callable[Concatenate[Any, P], R],
         *,
         name: str | None = None,
         queue: str = "default",
@@ -244,17 +264,35 @@ class JobFunction:
     def __repr__(self) -> str:
         return f"<job {self.name} queue={self.queue!r}>"
 
-    def __getattr__(self, name: str) -> Any:
-        # Only for names the object lacks: a team moving from Celery calls its task's methods.
-        instead = _CELERY_CALLS.get(name)
-        if instead is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        raise AttributeError(f"{self.name} is a livepush job, which has no .{name}(): use {self.name}.{instead}")
+    if not TYPE_CHECKING:
+        # Hidden from type checkers, which would read every misspelt attribute of a job as this
+        # method's Any: it only ever raises.
+        def __getattr__(self, name: str) -> Any:
+            # Only for names the object lacks: a team moving from Celery calls its task's methods.
+            instead = _CELERY_CALLS.get(name)
+            if instead is None:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            raise AttributeError(f"{self.name} is a livepush job, which has no .{name}(): use {self.name}.{instead}")
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.func(*args, **kwargs)
+    if TYPE_CHECKING:
+        # The function's own signature (ctx first: its name is the function's, not known here).
+        def __call__(self, ctx: Any, /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+    else:
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return self.func(*args, **kwargs)
 
-    def request(self, *args: Any, queue: str | None = None, **unknown: Never) -> JobRequest:
+    # The job's arguments and the call's options cannot share one signature: a ParamSpec takes no
+    # keyword beside its own. So the first overload of each call checks the arguments against the
+    # function, and the others, each needing one option by name, take any arguments: a call with
+    # an option has its arguments checked at the call (at run time), not by the type checker.
+    @overload
+    def request(self, *args: P.args, **kwargs: P.kwargs) -> JobRequest: ...
+    @overload
+    def request(self, *args: Any, queue: str | None) -> JobRequest: ...
+
+    # mypy reads a keyword of P.kwargs as one that could meet `queue`: the implementation is never
+    # what a caller is checked against, so its refusal here says nothing to them.
+    def request(self, *args: Any, queue: str | None = None, **unknown: Any) -> JobRequest:  # type: ignore[misc]
         """This job with these arguments, to enqueue later (a group callback, a durable job's
         child). `queue=` puts it on that queue instead of the function's own (a child's default
         is its parent's queue)."""
@@ -271,23 +309,79 @@ class JobFunction:
             refuse_arity(self.name, self._arity, len(args))
         return JobRequest(self.name, args, queue)
 
+    @overload
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle: ...
+    @overload
+    def enqueue(self, *args: Any, wait: Seconds | None, at: datetime | None = None, conn: Any = None,
+                key: str | None = None, debounce: Seconds | None = None,
+                tags: Sequence[str] | None = None) -> JobHandle: ...
+    @overload
+    def enqueue(self, *args: Any, wait: Seconds | None = None, at: datetime | None, conn: Any = None,
+                key: str | None = None, debounce: Seconds | None = None,
+                tags: Sequence[str] | None = None) -> JobHandle: ...
+    @overload
+    def enqueue(self, *args: Any, wait: Seconds | None = None, at: datetime | None = None, conn: Any,
+                key: str | None = None, debounce: Seconds | None = None,
+                tags: Sequence[str] | None = None) -> JobHandle: ...
+    @overload
+    def enqueue(self, *args: Any, wait: Seconds | None = None, at: datetime | None = None, conn: Any = None,
+                key: str | None, debounce: Seconds | None = None,
+                tags: Sequence[str] | None = None) -> JobHandle: ...
+    @overload
+    def enqueue(self, *args: Any, wait: Seconds | None = None, at: datetime | None = None, conn: Any = None,
+                key: str | None = None, debounce: Seconds | None,
+                tags: Sequence[str] | None = None) -> JobHandle: ...
+    @overload
     def enqueue(self, *args: Any, wait: Seconds | None = None, at: datetime | None = None, conn: Any = None,
                 key: str | None = None, debounce: Seconds | None = None,
-                tags: Sequence[str] | None = None, **unknown: Never) -> JobHandle:
+                tags: Sequence[str] | None) -> JobHandle: ...
+
+    # ignore: as request()'s.
+    def enqueue(self, *args: Any, wait: Seconds | None = None, at: datetime | None = None,  # type: ignore[misc]
+                conn: Any = None, key: str | None = None, debounce: Seconds | None = None,
+                tags: Sequence[str] | None = None, **unknown: Any) -> JobHandle:
         """Enqueue one run. `wait=` delays by seconds, `at=` runs at an aware datetime;
         `conn=` (a psycopg Connection) enqueues inside the caller's transaction; `key=`,
         `debounce=`, `tags=`: docs/jobs.md "Enqueue options". The job's arguments go by position
-        (`unknown`, typed Never so that a type checker flags a keyword, is refused naming it)."""
+        (`unknown`, a keyword of neither kind, is refused naming it)."""
         if due("enqueue()"):  # one warning for every job's enqueue(), naming the first
             say("enqueue()", f"{self.name}.aenqueue()", 2, f"{self.name}.enqueue()")  # 2: the caller
         if unknown:
             refuse_keywords(self.func, self.name, "enqueue", unknown, ENQUEUE_OPTIONS)
         return _enqueue.enqueue(self, args, wait=wait, at=at, conn=conn, key=key, debounce=debounce, tags=tags)
 
-    async def aenqueue(
+    @overload
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle: ...
+    @overload
+    async def aenqueue(self, *args: Any, wait: Seconds | None, at: datetime | None = None, conn: Any = None,
+                       key: str | None = None, debounce: Seconds | None = None,
+                       tags: Sequence[str] | None = None) -> JobHandle: ...
+    @overload
+    async def aenqueue(self, *args: Any, wait: Seconds | None = None, at: datetime | None, conn: Any = None,
+                       key: str | None = None, debounce: Seconds | None = None,
+                       tags: Sequence[str] | None = None) -> JobHandle: ...
+    @overload
+    async def aenqueue(self, *args: Any, wait: Seconds | None = None, at: datetime | None = None, conn: Any,
+                       key: str | None = None, debounce: Seconds | None = None,
+                       tags: Sequence[str] | None = None) -> JobHandle: ...
+    @overload
+    async def aenqueue(self, *args: Any, wait: Seconds | None = None, at: datetime | None = None, conn: Any = None,
+                       key: str | None, debounce: Seconds | None = None,
+                       tags: Sequence[str] | None = None) -> JobHandle: ...
+    @overload
+    async def aenqueue(self, *args: Any, wait: Seconds | None = None, at: datetime | None = None, conn: Any = None,
+                       key: str | None = None, debounce: Seconds | None,
+                       tags: Sequence[str] | None = None) -> JobHandle: ...
+    @overload
+    async def aenqueue(self, *args: Any, wait: Seconds | None = None, at: datetime | None = None, conn: Any = None,
+                       key: str | None = None, debounce: Seconds | None = None,
+                       tags: Sequence[str] | None) -> JobHandle: ...
+
+    # ignore: as request()'s.
+    async def aenqueue(  # type: ignore[misc]
         self, *args: Any, wait: Seconds | None = None, at: datetime | None = None, conn: Any = None,
         key: str | None = None, debounce: Seconds | None = None, tags: Sequence[str] | None = None,
-        **unknown: Never,
+        **unknown: Any,
     ) -> JobHandle:
         """enqueue() for async code; `conn=` takes a psycopg AsyncConnection."""
         if unknown:
@@ -296,8 +390,13 @@ class JobFunction:
                                        tags=tags)
 
 
+# The options of @jobs.job (and of @jobs.periodic, which takes them too).
+OPTIONS = frozenset({"name", "queue", "priority", "max_attempts", "timeout", "never_retry", "backoff", "schema",
+                     "concurrency", "rate"})
+
+
 @overload
-def job(func: Callable[..., Any], /) -> JobFunction: ...
+def job(func: Callable[Concatenate[Any, FP], FR], /) -> JobFunction[FP, FR]: ...
 @overload
 def job(
     *,
@@ -311,12 +410,7 @@ def job(
     concurrency: tuple[str, int] | None = ...,
     rate: str | None = ...,
     schema: Mapping[str, Any] | bool | None = ...,
-) -> Callable[[Callable[..., Any]], JobFunction]: ...
-
-
-# The options of @jobs.job (and of @jobs.periodic, which takes them too).
-OPTIONS = frozenset({"name", "queue", "priority", "max_attempts", "timeout", "never_retry", "backoff", "schema",
-                     "concurrency", "rate"})
+) -> Callable[[Callable[Concatenate[Any, FP], FR]], JobFunction[FP, FR]]: ...
 
 
 def job(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
@@ -341,9 +435,10 @@ def job(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     queue = options.get("queue", "default")
     check_queue(queue, "@jobs.job(queue=)")
 
-    def decorate(f: Callable[..., Any]) -> JobFunction:
+    def decorate(f: Callable[..., Any]) -> JobFunction[..., Any]:
         _refuse_stacked(f)
-        return REGISTRY.add(JobFunction(f, **options))
+        declared: JobFunction[..., Any] = REGISTRY.add(JobFunction(f, **options))
+        return declared
 
     return decorate
 

@@ -1,5 +1,5 @@
-"""What enqueue returns (JobHandle), the checks of ids and cursors a user passes in, and how a read
-with a cursor cuts its page."""
+"""What enqueue and a workflow's start() return (JobHandle, WorkflowHandle), the checks of ids and
+cursors a user passes in, and how a read with a cursor cuts its page."""
 
 from __future__ import annotations
 
@@ -65,6 +65,16 @@ class JobHandle(StateTopicHandle):
     id: int
     name: str = ""
     _kind = "job"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkflowHandle(StateTopicHandle):
+    """A workflow run: its id and its state topic `workflow:<id>`. Here, not beside the runner that
+    makes it, so that a Workflow's start() can name what it returns without importing the runner."""
+
+    id: int
+    name: str = ""
+    _kind = "workflow"
 
 
 # Ids are Postgres bigints, from 1 up. An int outside that range names nothing; it becomes

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine, Sequence
 from datetime import datetime
-from typing import Any, Never
+from typing import TYPE_CHECKING, Any, Never
 
 from psycopg.rows import dict_row
 
@@ -24,7 +24,22 @@ from .building import BLOCK_OPTIONS, add_steps, job_and_args
 from ...errors import ArgumentValueError
 
 
-class GroupContext:
+class CallbackFields:
+    """What a callback's `ctx.group` tells of the finished group, declared for type checkers: its
+    values come from __getattr__ (GroupContext's), which refuses them to a member. `kind`:
+    "finish", "success" or "failure"; `state`: the group's final one. Annotations only: no
+    instance has these as attributes of its own."""
+
+    kind: str
+    state: str
+    total: int
+    pending: int
+    succeeded: int
+    failed: int
+    cancelled: int
+
+
+class GroupContext(CallbackFields):
     """`ctx.group` of a running member or callback.
 
     Members: `id`, and `await ctx.group.enqueue(fn, *args)` adds a member to the group, also
@@ -41,14 +56,17 @@ class GroupContext:
         self._kind = kind
         self._view = view or {}
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "kind":  # which callback this is: None would read to a member as a callback of no kind
-            self._check_callback(name)
-            return self._kind
-        if name in GROUP_KEYS and name != "id":
-            self._check_callback(name)
-            return self._view.get(name)
-        raise AttributeError(name)
+    if not TYPE_CHECKING:
+        # Hidden from type checkers, which would read any name, a misspelt one included, as its
+        # Any: they read the names it serves from CallbackFields.
+        def __getattr__(self, name: str) -> Any:
+            if name == "kind":  # which callback this is: None would read to a member as a callback of no kind
+                self._check_callback(name)
+                return self._kind
+            if name in GROUP_KEYS and name != "id":
+                self._check_callback(name)
+                return self._view.get(name)
+            raise AttributeError(name)
 
     def _check_callback(self, name: str) -> None:
         """A member has no counts here (they change while it runs, and are loaded for callbacks
@@ -108,15 +126,21 @@ class GroupContext:
         return JobHandle(rows[0]["id"], rows[0]["name"])
 
 
-class SyncGroupContext:
+class SyncGroupContext(CallbackFields):
     """`ctx.group` of a sync job (in a worker thread): the same names, blocking."""
 
     def __init__(self, inner: GroupContext, loop: asyncio.AbstractEventLoop) -> None:
         self._inner = inner
         self._loop = loop
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+    if TYPE_CHECKING:
+        # GroupContext's, which __getattr__ hands on.
+        id: int
+
+        def as_dict(self) -> dict[str, Any]: ...
+    else:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
 
     def enqueue(self, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None, at: datetime | None = None,
                 key: str | None = None, tags: Sequence[str] | None = None, timeout: Seconds = 30.0,

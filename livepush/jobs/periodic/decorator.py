@@ -7,9 +7,9 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Concatenate
 
-from ..api.functions import OPTIONS, JobFunction, job
+from ..api.functions import FP, FR, OPTIONS, JobFunction, job
 from ..api.registry import Registry
 from ...errors import ArgumentTypeError
 from ...usercode import cannot_take
@@ -23,7 +23,7 @@ log = logging.getLogger("livepush.jobs")
 class Schedule:
     """A periodic job: its function (registered like any job) and its cron schedule."""
 
-    function: JobFunction
+    function: JobFunction[..., Any]
     cron: Cron
 
     @property
@@ -121,7 +121,7 @@ def _check_signature(cron: str, func: Callable[..., Any]) -> None:
                                    "(ctx, tick): the tick is passed as its one argument")
 
 
-def _check_schema(fn: JobFunction, cron: Cron) -> None:
+def _check_schema(fn: JobFunction[..., Any], cron: Cron) -> None:
     # A schema= that refuses the tick it is given mostly refuses every one, and each would only be
     # logged as not enqueued (periodic/scheduler.py): refused now, at import, where it is seen.
     if fn._validate_args is None:
@@ -134,7 +134,7 @@ def _check_schema(fn: JobFunction, cron: Cron) -> None:
                                    f"argument, which its schema refuses: {exc}") from None
 
 
-def _check_concurrency(fn: JobFunction, cron: Cron) -> None:
+def _check_concurrency(fn: JobFunction[..., Any], cron: Cron) -> None:
     # The tick is the job's first argument and differs each time: a concurrency key taken from it
     # never holds a run back, and a user who meant "one at a time" would get overlapping runs.
     limits = fn._limits
@@ -145,7 +145,8 @@ def _check_concurrency(fn: JobFunction, cron: Cron) -> None:
             f"parameter with a default (def f(ctx, tick, only=\"{fn.name}\")) and give concurrency=('only', 1)")
 
 
-def periodic(cron: str, *, timezone: str = "UTC", **options: Any) -> Callable[[Callable[..., Any]], JobFunction]:
+def periodic(cron: str, *, timezone: str = "UTC",
+             **options: Any) -> Callable[[Callable[Concatenate[Any, FP], FR]], JobFunction[FP, FR]]:
     """Declare a periodic job: `@jobs.periodic("*/5 * * * *", timezone="UTC", queue=...)` on
     `def f(ctx, tick)`. It is enqueued once per tick across every runtime, with the tick (ISO 8601,
     in `timezone`) as its argument; `options` are those of `@jobs.job`."""
@@ -159,7 +160,7 @@ def periodic(cron: str, *, timezone: str = "UTC", **options: Any) -> Callable[[C
                                 "options such as tags= and key= do not apply to a periodic job")
     declare = job(**options)  # checks the job options now, at import, as @jobs.job does
 
-    def decorate(func: Callable[..., Any]) -> JobFunction:
+    def decorate(func: Callable[Concatenate[Any, FP], FR]) -> JobFunction[FP, FR]:
         if isinstance(func, JobFunction):
             # Stacked on @jobs.job: registering the same function again would fail as a name
             # clash between "two definitions", which sends the user looking for a second one.

@@ -17,7 +17,7 @@ import math
 import time
 from datetime import datetime
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...postgres.text import storable_text
 from ..errors import InvalidProgressError, InvalidResultError, JobCancelled
@@ -26,6 +26,9 @@ from ..api.registry import JobRequest
 from ..durable.fingerprint import NO_INPUT
 from ..events.views import PROGRESS_INTERVAL
 from .threads import wait_on_loop
+
+if TYPE_CHECKING:
+    from ..groups.context import GroupContext, SyncGroupContext  # imported on first use: it imports the jobs API
 
 MAX_MESSAGE = 1000  # characters of a progress message kept
 
@@ -102,7 +105,7 @@ class JobContext:
     `ctx.` calls the docs describe; the underscored ones are the runtime's state and hooks, which
     the runtime, the completer, task groups and durable calls read and set."""
 
-    _group: Any = None  # GroupContext, made on first use (or loaded first, for a callback)
+    _group: GroupContext | None = None  # made on first use (or loaded first, for a callback)
     _durable: Any = None  # durable.run.DurableRun, made on first use
 
     def __init__(self, job: ClaimedJob, completer: ProgressSink | None, *, pool: Any = None, url: str | None = None,
@@ -134,7 +137,7 @@ class JobContext:
         self._made_limit = _MADE_PRUNE
 
     @property
-    def group(self) -> Any:
+    def group(self) -> GroupContext | None:
         """The job's task group (jobs.groups.context.GroupContext), or None for a lone job."""
         if self._group is None and (self._job.group_id is not None or self._job.callback_of is not None):
             from ..groups.context import GroupContext
@@ -366,7 +369,7 @@ class SyncJobContext:
         self._loop = loop
 
     @property
-    def group(self) -> Any:
+    def group(self) -> SyncGroupContext | None:
         """The job's task group (blocking calls), or None for a lone job."""
         inner = self._inner.group
         if inner is None:

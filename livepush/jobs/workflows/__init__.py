@@ -18,7 +18,7 @@ calls), `queries.py` (the SQL).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # jobs.workflows.<verb>: operators.py, imported when first used (operators imports the jobs API,
 # which imports engine.py from here: a plain import would go round in a circle at start-up).
@@ -29,20 +29,30 @@ _OPERATORS = {
 }
 
 
-__all__ = list(_OPERATORS)
+# Spelled out, not list(_OPERATORS): a type checker reads a literal __all__ only.
+__all__ = ["pause", "resume", "cancel", "skip", "signal", "get", "list", "apause", "aresume", "acancel", "askip",
+           "asignal", "aget", "alist"]
+
+if TYPE_CHECKING:
+    # The verbs for type checkers, which cannot follow __getattr__ (they would read every name,
+    # a misspelt verb included, as its Any). `list` shadows the builtin here: hence builtins.list.
+    import builtins
+
+    from .operators import acancel_run as acancel, aget, alist_runs as alist, apause, aresume
+    from .operators import asignal_run as asignal, askip, cancel_run as cancel, get, list_runs as list
+    from .operators import pause, resume, signal, skip
+else:
+    def __getattr__(name: str) -> Any:
+        if name in _OPERATORS:
+            from . import operators
+
+            return getattr(operators, _OPERATORS[name])
+        # A mistyped verb: the name alone said neither where it was looked up nor what is there.
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}; its verbs are "
+                             f"{', '.join(v for v in _OPERATORS if not v.startswith('a'))} and their async twins "
+                             "(apause, ...)")
 
 
-def __getattr__(name: str) -> Any:
-    if name in _OPERATORS:
-        from . import operators
-
-        return getattr(operators, _OPERATORS[name])
-    # A mistyped verb: the name alone said neither where it was looked up nor what is there.
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}; its verbs are "
-                         f"{', '.join(v for v in _OPERATORS if not v.startswith('a'))} and their async twins "
-                         "(apause, ...)")
-
-
-def __dir__() -> list[str]:
+def __dir__() -> builtins.list[str]:
     # The verbs are looked up lazily: without this, dir() and a shell's completion missed them all.
     return sorted({*globals(), *__all__})

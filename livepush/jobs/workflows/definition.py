@@ -15,9 +15,10 @@ import dataclasses
 import functools
 import re
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, overload
 
 from ..api.functions import JobFunction, class_refused, default_backoff, is_generator_callable
+from ..api.handles import WorkflowHandle
 from ..api.options import check_queue
 from ..api.registry import REGISTRY, place_of, where_defined
 from ..durable.run import MAX_SECONDS, check_name
@@ -25,6 +26,9 @@ from ..errors import ConfigError, WorkflowDefinitionError
 from ...blocking import due, say
 from ...types import as_seconds
 from ...usercode import cannot_take
+
+# A step's function: the decorators return it as they were given it, so its own type stays.
+StepFn = TypeVar("StepFn", bound=Callable[..., Any])
 
 ON_TIMEOUT = ("fail", "cancel", "skip")
 ON_BATCH_FAILURE = ("pause", "cancel", "skip")
@@ -60,9 +64,9 @@ class Engine(Protocol):
 
     def refused_output(self, flow: Workflow, step: str, result: Any) -> Exception | None: ...
 
-    def start(self, flow: Workflow, input: Any, conn: Any, key: str | None = None) -> Any: ...
+    def start(self, flow: Workflow, input: Any, conn: Any, key: str | None = None) -> WorkflowHandle: ...
 
-    async def astart(self, flow: Workflow, input: Any, conn: Any, key: str | None = None) -> Any: ...
+    async def astart(self, flow: Workflow, input: Any, conn: Any, key: str | None = None) -> WorkflowHandle: ...
 
 
 WORKFLOWS: dict[str, Workflow] = {}
@@ -228,7 +232,12 @@ class Workflow:
         run.__name__ = run.__qualname__ = f"{self.name}.{step}"
         return run
 
-    def step(self, after: Iterable[str] | str | None = None, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+    @overload
+    def step(self, after: StepFn, /) -> StepFn: ...
+    @overload
+    def step(self, after: Iterable[str] | str | None = None, **options: Any) -> Callable[[StepFn], StepFn]: ...
+
+    def step(self, after: Any = None, **options: Any) -> Any:
         """A step: `fn(ctx)` (sync or async) returns its output (JSON). Options: `after=` (steps
         that must have succeeded or been skipped first), `wait_for=` a signal name (the step
         starts once it came; `ctx.signal` holds its data), `wait_timeout=` seconds and
@@ -245,7 +254,12 @@ class Workflow:
 
         return decorate
 
-    def fan_out(self, after: Iterable[str] | str | None = None, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+    @overload
+    def fan_out(self, after: StepFn, /) -> StepFn: ...
+    @overload
+    def fan_out(self, after: Iterable[str] | str | None = None, **options: Any) -> Callable[[StepFn], StepFn]: ...
+
+    def fan_out(self, after: Any = None, **options: Any) -> Any:
         """A fan-out step: `fn(ctx, batch)` adds jobs with `batch.enqueue(job, *args)`; the step
         waits (parked, no slot held) until they all finished; its output is their counts.
         `on_batch_failure=`: "pause" (the default: an operator resumes, which runs the failed
@@ -261,7 +275,7 @@ class Workflow:
 
         return decorate
 
-    def start(self, input: Any = None, *, conn: Any = None, key: str | None = None) -> Any:
+    def start(self, input: Any = None, *, conn: Any = None, key: str | None = None) -> WorkflowHandle:
         """Start a run with `input` (JSON; `ctx.input` in every step): its first steps are
         enqueued in this transaction (the caller's with `conn=`). Returns a WorkflowHandle.
         `key=`: while a run of this workflow started with the key is unfinished, a start with it
@@ -270,5 +284,5 @@ class Workflow:
             say("workflow.start()", f"{self.name}.astart()", 2, f"{self.name}.start()")  # 2: the caller
         return self._engine.start(self, input, conn, key)
 
-    async def astart(self, input: Any = None, *, conn: Any = None, key: str | None = None) -> Any:
+    async def astart(self, input: Any = None, *, conn: Any = None, key: str | None = None) -> WorkflowHandle:
         return await self._engine.astart(self, input, conn, key)

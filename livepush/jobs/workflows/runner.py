@@ -23,7 +23,7 @@ from ...postgres.pools import aautocommitted
 from ...postgres.text import storable_text
 from ..api.args import check_args, check_json, encode, stored_whole
 from ..api.functions import is_async_callable
-from ..api.handles import StateTopicHandle
+from ..api.handles import WorkflowHandle
 from ..api.options import check_key
 from ...types import Seconds, as_seconds, is_finite
 from ..api.registry import JobRequest, JobSpec
@@ -40,15 +40,6 @@ from .definition import StepSpec, Workflow
 from ...errors import ArgumentTypeError, ArgumentValueError, LivepushError
 
 log = logging.getLogger("livepush.jobs")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class WorkflowHandle(StateTopicHandle):
-    """A workflow run: its id and its state topic `workflow:<id>`."""
-
-    id: int
-    name: str = ""
-    _kind = "workflow"
 
 
 class FlowVerb(BaseException):
