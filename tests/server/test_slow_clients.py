@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 from typing import Any
 
 import pytest
@@ -24,6 +23,7 @@ from livepush.server import connection, core
 from livepush.server.app import PushServer
 from livepush.server.connection import Connection
 from tests.server.conftest import Served, make_settings, start_served
+from tests.support import pacing
 from tests.support.http import upgrade_request
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
@@ -35,42 +35,18 @@ async def _same(i: int) -> int:
     return i
 
 
-class Frames:
-    """A count of the frames a reading client got, that a job in another thread can wait on."""
-
-    def __init__(self) -> None:
-        self._got = 0
-        self._changed = threading.Condition()
-
-    def got(self) -> None:
-        with self._changed:
-            self._got += 1
-            self._changed.notify_all()
-
-    def count(self) -> int:
-        with self._changed:
-            return self._got
-
-    def wait_past(self, count: int, timeout: float) -> None:
-        with self._changed:
-            self._changed.wait_for(lambda: self._got > count, timeout)
-
-
-# The reader that t.slow.checkpoints waits for, when a test sets one.
-READER_FRAMES: Frames | None = None
-
-
 @jobs.job(name="t.slow.checkpoints", queue="slow-clients")
 async def checkpoints(ctx: Any, n: int) -> int:
-    """n checkpoints, each a new version of the job's state topic. With READER_FRAMES set, each
+    """n checkpoints, each a new version of the job's state topic. With a reader set (pacing), each
     waits for the reader to get a frame after the one before: the server reads each version alone
     and sends it, where at its own pace it reads every few and sends the newest, more or fewer by
     the machine's load."""
+    reader = pacing.READER
     for i in range(n):
-        before = READER_FRAMES.count() if READER_FRAMES is not None else 0
+        before = reader.count() if reader is not None else 0
         await ctx.checkpoint(f"step {i:04d} {PAD}", _same, i)
-        if READER_FRAMES is not None:
-            await asyncio.to_thread(READER_FRAMES.wait_past, before, 10.0)  # a hang guard: go on regardless
+        if reader is not None:
+            await asyncio.to_thread(reader.wait_past, before, 10.0)  # a hang guard: go on regardless
     return n
 
 
@@ -81,6 +57,48 @@ async def large_result(ctx: Any, n: int, size: int) -> str:
     for i in range(n):
         await ctx.checkpoint(f"step {i:04d} {PAD}", _same, i)
     return "r" * size
+
+
+@jobs.job(name="t.slow.member", queue="slow-clients")
+async def paced_member(ctx: Any) -> None:
+    """A group member. With a reader set (pacing), it first waits for the reader to get the group's
+    state counting the members that ended before it: each member's end is a state of its own,
+    where at its own pace the group's progress (rung at most every 100 ms) shows several at once."""
+    reader = pacing.READER
+    if reader is not None:
+        ended = (await jobs.aget_group(ctx.group.id) or {}).get("succeeded", 0)
+        if ended:
+            await asyncio.to_thread(reader.wait_for, lambda data: data["group"]["succeeded"] >= ended,
+                                    10.0)  # a hang guard: go on regardless
+
+
+paced_flow = jobs.workflow("t_slow_flow", queue="slow-clients")
+
+
+async def paced_step(ctx: Any) -> str:
+    """A step that, with a reader set (pacing), waits for the reader to see it running: each step's
+    start is a state of its own, where the run's steps at their own pace take milliseconds."""
+    reader = pacing.READER
+    if reader is not None:
+        await asyncio.to_thread(reader.wait_for,
+                                lambda data: data["workflow"]["steps"][ctx.step]["state"] == "running",
+                                10.0)  # a hang guard: go on regardless
+    return str(ctx.step)
+
+
+@paced_flow.step()
+async def first(ctx: Any) -> str:
+    return await paced_step(ctx)
+
+
+@paced_flow.step(after="first")
+async def second(ctx: Any) -> str:
+    return await paced_step(ctx)
+
+
+@paced_flow.step(after="second")
+async def third(ctx: Any) -> str:
+    return await paced_step(ctx)
 
 
 async def open_client(url: str, **kwargs: Any) -> WSClient:
@@ -107,14 +125,35 @@ def count(action: str) -> float:
 LOCAL_ONLY = pytest.mark.parametrize("fanout_kind", ["local"])
 
 
-async def read_to_the_end(client: WSClient, counted: Frames | None = None) -> list[dict[str, Any]]:
-    """A job topic's frames up to its final state (each counted in `counted`)."""
+async def read_to_the_end(client: WSClient, counted: pacing.Frames | None = None,
+                          final: str = "succeeded") -> list[dict[str, Any]]:
+    """A client's frames up to a state topic's final state, the event `final` (a job's, unless
+    told), each counted in `counted`."""
     frames: list[dict[str, Any]] = []
-    while not frames or frames[-1]["data"]["event"] != "succeeded":
+    while not frames or frames[-1]["data"].get("event") != final:
         frames.extend(await client.messages(1, timeout=30))
         if counted is not None:
-            counted.got()
+            counted.got(frames[-1])
     return frames
+
+
+async def slow_and_reader(url: str, signed_topic: str) -> tuple[WSClient, WSClient]:
+    """Two clients subscribed to a state topic, each past its snapshot: one whose socket receives
+    into a 4 KiB buffer (open_client), for a test to stop reading, and one that reads."""
+    slow, reader = await open_client(url), await WSClient.open(url)
+    for client in (slow, reader):
+        assert (await client.subscribe(signed_topic))["op"] == "subscribed"
+        assert (await client.messages(1))[0]["data"]["event"] == "snapshot"
+    return slow, reader
+
+
+async def drain_paced_by(reader: WSClient, final: str = "succeeded"
+                         ) -> tuple[dict[str, int], asyncio.Future[list[dict[str, Any]]]]:
+    """jobs.drain() of the slow-clients queue, whose jobs keep pace with `reader` (pacing), and the
+    reading of its frames up to the state topic's event `final`, to await."""
+    with pacing.paced() as frames:
+        reading = asyncio.ensure_future(read_to_the_end(reader, frames, final))
+        return await asyncio.to_thread(jobs.drain, ["slow-clients"]), reading
 
 
 # The 20 s a client may miss a frame before it is closed (tested on its own above and below):
@@ -127,10 +166,7 @@ async def test_a_client_that_stops_reading_on_a_job_gets_the_newest_states_then_
     """While a job's state changes 1,000 times, a client that does not read falls behind; when it reads again it gets what its socket held, then only the newest states (at most 3, the older ones replaced where they waited), the last being the job's final state; versions only rise."""
     monkeypatch.setattr(connection, "BEHIND_SECONDS", PATIENT)
     handle = await checkpoints.aenqueue(1000)
-    slow, reader = await open_client(served_jobs.url), await WSClient.open(served_jobs.url)
-    for client in (slow, reader):
-        assert (await client.subscribe(handle.signed_topic))["op"] == "subscribed"
-        assert (await client.messages(1))[0]["data"]["event"] == "snapshot"
+    slow, reader = await slow_and_reader(served_jobs.url, handle.signed_topic)
     slow.ws.transport.pause_reading()
     conflated = count("conflated")
     metrics.TALLY.flush()
@@ -140,13 +176,7 @@ async def test_a_client_that_stops_reading_on_a_job_gets_the_newest_states_then_
     # more than the slow client's kernel holds, whatever the load. At the server's own pace a
     # loaded machine sent 305 of them, too few to tell, and a lighter load fewer than the kernel
     # holds, with nothing left to replace.
-    global READER_FRAMES
-    READER_FRAMES = Frames()
-    try:
-        reading = asyncio.ensure_future(read_to_the_end(reader, READER_FRAMES))
-        outcome = await asyncio.to_thread(jobs.drain, ["slow-clients"])
-    finally:
-        READER_FRAMES = None
+    outcome, reading = await drain_paced_by(reader)
     assert outcome.get("succeeded") == 1, (outcome, await jobs.aget_job(handle.id))
     read = await asyncio.wait_for(reading, 30)
     await async_wait_for(lambda: count("conflated") > conflated, 10, message="the server to replace a waiting state")
@@ -179,10 +209,7 @@ async def test_a_client_a_little_behind_gets_the_final_state_of_a_job_with_a_lar
     state when it reads again (the final state always arrives), even when the job returned 3 MiB."""
     monkeypatch.setattr(connection, "BEHIND_SECONDS", PATIENT)
     handle = await large_result.aenqueue(1000, 3 * 1024 * 1024)
-    slow, reader = await open_client(served_jobs.url), await WSClient.open(served_jobs.url)
-    for client in (slow, reader):
-        assert (await client.subscribe(handle.signed_topic))["op"] == "subscribed"
-        assert (await client.messages(1))[0]["data"]["event"] == "snapshot"
+    slow, reader = await slow_and_reader(served_jobs.url, handle.signed_topic)
     slow.ws.transport.pause_reading()
 
     reading = asyncio.ensure_future(read_to_the_end(reader))
@@ -192,6 +219,54 @@ async def test_a_client_a_little_behind_gets_the_final_state_of_a_job_with_a_lar
     slow.ws.transport.resume_reading()
     got = await read_to_the_end(slow)
     assert got[-1] == read[-1] and len(got[-1]["data"]["job"]["result"]) == 3 * 1024 * 1024
+    await slow.close()
+    await reader.close()
+
+
+@pytest.mark.parametrize("kind", ["group", "workflow"])
+async def test_a_client_that_stops_reading_on_a_group_or_a_run_gets_only_the_newest_state_the_final_one(
+        served_jobs: Served, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """group:<id> and workflow:<id> are state topics as job:<id> is (the test above): a client that
+    stops reading, a message larger than its socket takes waiting for it, while a group's members
+    end (or a run's steps start), a state each, gets when it reads again that message, then one
+    state only: the final one, as a reader that kept up got it. Every state before it was
+    replaced where it waited; livepush_delivered_total counted each all the same."""
+    monkeypatch.setattr(connection, "BEHIND_SECONDS", PATIENT)
+    if kind == "group":
+        async with jobs.agroup() as g:
+            for _ in range(4):
+                g.enqueue(paced_member)
+        topic, signed = g.handle.topic, g.handle.signed_topic
+    else:
+        run = await paced_flow.astart({})
+        topic, signed = run.topic, run.signed_topic
+    slow, reader = await slow_and_reader(served_jobs.url, signed)
+    # Behind a message larger than the socket takes, every later frame waits in the server at
+    # once: a few states show here what the job's test above fills the kernel with states for.
+    assert (await slow.subscribe(served_jobs.sign("room:ahead")))["op"] == "subscribed"
+    slow.ws.transport.pause_reading()
+    on_server = server_side(served_jobs.server, slow)
+    await served_jobs.publish("room:ahead", {"pad": "x" * 900_000})
+    await async_wait_for(lambda: on_server.paused, 5, message="the message to fill what the client's socket takes")
+    conflated = count("conflated")
+    metrics.TALLY.flush()
+    delivered = metrics.DELIVERED._value.get()
+
+    outcome, reading = await drain_paced_by(reader, final="finished")
+    assert outcome == {"succeeded": 4 if kind == "group" else 3}, outcome
+    read = await asyncio.wait_for(reading, 30)
+    # Each member's end (each step's start) was a state of its own, then the final one.
+    assert len(read) >= 4, [f["data"] for f in read]
+    replaced = count("conflated") - conflated
+    slow.ws.transport.resume_reading()
+    got = await read_to_the_end(slow, final="finished")
+
+    assert [f["topic"] for f in got] == ["room:ahead", topic], "what the socket held, then one state"
+    assert got[-1] == read[-1], "the final state, as the reader got it"
+    assert replaced == len(read) - 1, "every state before the final one was replaced where it waited"
+    # Handed live: every state to the reader; to the slow client the final one and each it replaced.
+    metrics.TALLY.flush()
+    assert metrics.DELIVERED._value.get() - delivered == len(read) + 1 + replaced
     await slow.close()
     await reader.close()
 
