@@ -102,8 +102,11 @@ SERVING = Gauge("livepush_serving_processes", "Server processes serving now (1 i
                 "the live workers that serve).", registry=REGISTRY, multiprocess_mode="livesum")
 PUBLISHED = Counter("livepush_published", "Messages published from this process (publish() returned an offset).", ["fanout"],
                     registry=REGISTRY)
-DELIVERED = Counter("livepush_delivered", "Message frames handed live to clients' connections (one per recipient).",
-                    registry=REGISTRY)
+# Counted as the hub hands a frame to its recipients (one add per frame, whatever their number), not
+# as each leaves a socket, which would cost a count per recipient on the hot path: so a state that a
+# slow client's queue replaced with a newer one counts here too, and in SLOW_CLIENT_ACTIONS ("conflated").
+DELIVERED = Counter("livepush_delivered", "Message frames handed live to clients' connections (one per recipient), "
+                    "a state that a slow client's queue later replaced with a newer one included.", registry=REGISTRY)
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 LAG = Histogram("livepush_deliver_lag_seconds",
                 "From publish (its commit on Postgres) to the live frame leaving this server, once per message.",
@@ -179,7 +182,7 @@ class DeliveryTally:
     __slots__ = ("frames", "_lags", "_lag_sum")
 
     def __init__(self) -> None:
-        self.frames = 0  # message frames written live, one per recipient
+        self.frames = 0  # message frames handed live to connections, one per recipient
         self._lags = [0] * (len(LAG_BUCKETS) + 1)  # per bucket, the last one +Inf: as LAG counts them
         self._lag_sum = 0.0
 
