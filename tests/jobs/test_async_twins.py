@@ -12,7 +12,7 @@ import pytest
 from livepush import jobs
 from tests.jobs import sample_jobs
 from tests.jobs import workflow_defs as wd
-from tests.jobs.conftest import q
+from tests.jobs.conftest import iscoroutinefunction, q
 from tests.support.waiting import async_wait_for
 
 # Calls that define or configure rather than talk to the database: nothing to await.
@@ -23,13 +23,13 @@ def test_every_database_call_of_the_jobs_api_has_an_async_twin() -> None:
     exported = {name: getattr(jobs, name) for name in jobs.__all__}
     calls = {name for name, obj in exported.items()
              if inspect.isfunction(obj) and not name.startswith("a") and name not in NOT_DATABASE_CALLS}
-    missing = sorted(name for name in calls if not inspect.iscoroutinefunction(exported.get("a" + name)))
+    missing = sorted(name for name in calls if not iscoroutinefunction(exported.get("a" + name)))
     assert missing == ["group"]  # its twin is a block: `async with jobs.agroup() as g`
     assert hasattr(jobs.agroup(), "__aenter__")
     for verb in ("pause", "resume", "cancel", "skip", "signal", "get", "list"):
-        assert inspect.iscoroutinefunction(getattr(jobs.workflows, "a" + verb)), verb
+        assert iscoroutinefunction(getattr(jobs.workflows, "a" + verb)), verb
     for method in ("add", "seal"):
-        assert inspect.iscoroutinefunction(getattr(jobs.GroupHandle, "a" + method)), method
+        assert iscoroutinefunction(getattr(jobs.GroupHandle, "a" + method)), method
 
 
 async def test_a_failed_job_is_read_retried_and_discarded_from_async_code(jobs_db: str) -> None:

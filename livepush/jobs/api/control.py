@@ -20,6 +20,7 @@ from ..events.views import job_view
 from ..groups import outcomes, steps
 from ..groups.cancel import acancel_children, cancel_children
 from ..groups.transactions import ain_tx, in_tx
+from .awaited import awaited
 from .handles import checked_id
 from .limits import Limits, check_claim_entry
 from .options import check_queue, check_tag
@@ -47,6 +48,7 @@ def cancel(job_id: int) -> bool:
     return bool(_cancel(checked_id(job_id, "job_id")))
 
 
+@awaited("jobs.acancel()")
 async def acancel(job_id: int) -> bool:
     return bool(await _acancel(checked_id(job_id, "job_id")))
 
@@ -115,6 +117,7 @@ def cancel_tagged(tag: str) -> int:
     return len(ended.intersection(ids))
 
 
+@awaited("jobs.acancel_tagged()")
 async def acancel_tagged(tag: str) -> int:
     """cancel_tagged() for async code. A cancel of the task awaiting it does not cut it off
     part-way: a job cancelling a tag it carries is told to stop by that very cancel, at its next
@@ -179,6 +182,7 @@ def retry_failed(job_id: int) -> bool:
     return bool(rows)
 
 
+@awaited("jobs.aretry_failed()")
 async def aretry_failed(job_id: int) -> bool:
     """retry_failed() for async code."""
     job_id = checked_id(job_id, "job_id")
@@ -276,6 +280,7 @@ def discard_failed(job_id: int) -> bool:
     return bool(rows)
 
 
+@awaited("jobs.adiscard_failed()")
 async def adiscard_failed(job_id: int) -> bool:
     """discard_failed() for async code."""
     job_id = checked_id(job_id, "job_id")
@@ -321,6 +326,7 @@ def pause_queue(queue: str) -> bool:
         return bool(conn.execute(queries.PAUSE_QUEUE, {"queue": name}).fetchall())
 
 
+@awaited("jobs.apause_queue()")
 async def apause_queue(queue: str) -> bool:
     """pause_queue() for async code."""
     name = _queue_name(queue)
@@ -337,6 +343,7 @@ def resume_queue(queue: str) -> bool:
         return bool(conn.execute(queries.RESUME_QUEUE, {"queue": name}).fetchall())
 
 
+@awaited("jobs.aresume_queue()")
 async def aresume_queue(queue: str) -> bool:
     """resume_queue() for async code."""
     name = _queue_name(queue)

@@ -27,6 +27,7 @@ from ...postgres.connect import cursor_on, translated, translated_on
 from ...postgres.pools import aautocommitted, autocommitted
 from ...postgres.savepoints import Savepoint, akept, in_callers_transaction, kept
 from .. import database, queries
+from .awaited import awaited
 from .args import check_args, dumps, may_be_too_large, name_refused, refuse_arity, stored_whole
 from .handles import JobHandle
 from .limits import check_claim_entry
@@ -515,5 +516,6 @@ def many(items: Iterable[Any], call: str = "enqueue_many") -> Batch:
     return batch
 
 
+@awaited("jobs.aenqueue_many()")
 async def aenqueue_many(items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
     return await arun_batch(many(items, "aenqueue_many"), conn, call="aenqueue_many")

@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, overload
 
 from . import enqueue as _enqueue
+from .awaited import awaited, iscoroutinefunction
 from .args import arity, check_args, refuse_arity, refuse_keywords, required_keywords
 from .handles import JobHandle
 from .limits import Limits, check_claim_entry, limits_of
@@ -114,9 +115,9 @@ def is_async_callable(func: Any) -> bool:
     """Whether calling `func` gives a coroutine to await: an async function, or an object whose
     __call__ is `async def` (taken for a sync function, it ran in a thread and returned its
     coroutine unrun)."""
-    return inspect.iscoroutinefunction(func) or (
+    return iscoroutinefunction(func) or (
         not inspect.isroutine(func) and not isinstance(func, type)
-        and inspect.iscoroutinefunction(getattr(func, "__call__", None)))
+        and iscoroutinefunction(getattr(func, "__call__", None)))
 
 
 def is_generator_callable(func: Any) -> bool:
@@ -378,6 +379,7 @@ class JobFunction(Generic[P, R]):
                        tags: Sequence[str] | None) -> JobHandle: ...
 
     # ignore: as request()'s.
+    @awaited(lambda fn: f"{fn.name}.aenqueue()")
     async def aenqueue(  # type: ignore[misc]
         self, *args: Any, wait: Seconds | None = None, at: datetime | None = None, conn: Any = None,
         key: str | None = None, debounce: Seconds | None = None, tags: Sequence[str] | None = None,

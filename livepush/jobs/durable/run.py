@@ -31,6 +31,7 @@ from ...postgres.connect import translated
 from ...postgres.pools import aautocommitted
 from ...postgres.text import unstorable
 from ..api.args import PAST_ONE_MESSAGE, check_sendable, dumps, encode, stored_whole
+from ..api.awaited import iscoroutinefunction
 from ..api.enqueue import Batch, alook_for_script_runtimes
 from ...types import as_seconds
 from ..api.registry import REGISTRY, JobRequest
@@ -326,7 +327,7 @@ class DurableRun:
         found, value, fingerprint = await self.lookup(name, input)
         if found:
             return value
-        if inspect.iscoroutinefunction(fn):
+        if iscoroutinefunction(fn):  # other_job.aenqueue too: before 3.12 only asyncio sees its mark (api/awaited.py)
             async with self._body():
                 try:
                     result = await fn(*args)

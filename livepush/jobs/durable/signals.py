@@ -9,6 +9,7 @@ from ...blocking import warn_if_on_event_loop
 from ...errors import ArgumentValueError
 from ...postgres.text import unstorable
 from ..api.args import encode, stored_whole
+from ..api.awaited import awaited
 from ..api.handles import NO_SUCH_ID, checked_id
 from ..errors import InvalidArgumentsError, JobFinishedError, JobNotFound, WorkflowStepSignalError
 from ..groups import steps
@@ -108,6 +109,7 @@ def signal(job_id: int, name: str, data: Any = None, *, conn: Any = None, key: s
         return in_tx(lambda: _send_steps(job_id, name, text, key), conn)
 
 
+@awaited("jobs.asignal()")
 async def asignal(job_id: int, name: str, data: Any = None, *, conn: Any = None, key: str | None = None) -> int:
     """signal() for async code; `conn=` takes a psycopg AsyncConnection."""
     job_id, name, text, key = _checked(job_id, name, data, key)

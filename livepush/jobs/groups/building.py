@@ -22,6 +22,7 @@ from ...postgres.connect import cursor_on, translated, translated_on
 from ...postgres.text import BIGINT_MAX
 from .. import database
 from ..api.args import refuse_keywords, stored_whole
+from ..api.awaited import awaited
 from ..api.enqueue import (NO_OPTIONS, Batch, add_items, alook_for_script_runtimes, is_spec, look_for_script_runtimes,
                            run_at)
 from ..api.handles import NO_SUCH_ID, JobHandle, StateTopicHandle, checked_id
@@ -61,6 +62,7 @@ class GroupHandle(StateTopicHandle):
         warn_if_on_event_loop("handle.seal()", "handle.aseal()")
         return seal_group(self.id, conn=conn)
 
+    @awaited("handle.aadd()")
     async def aadd(self, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None, at: datetime | None = None,
                    conn: Any = None, key: str | None = None, tags: Sequence[str] | None = None,
                    **unknown: Never) -> JobHandle:
@@ -68,6 +70,7 @@ class GroupHandle(StateTopicHandle):
             job_and_args(fn, args, "aadd", unknown, ADD_OPTIONS)
         return await aadd_to_group(self.id, fn, *args, wait=wait, at=at, conn=conn, key=key, tags=tags)
 
+    @awaited("handle.aseal()")
     async def aseal(self, conn: Any = None) -> bool:
         return await aseal_group(self.id, conn=conn)
 
@@ -362,6 +365,7 @@ def create_group(on_finish: JobRequest | None = None, on_success: JobRequest | N
     return made
 
 
+@awaited("jobs.acreate_group()")
 async def acreate_group(on_finish: JobRequest | None = None, on_success: JobRequest | None = None,
                         on_failure: JobRequest | None = None, *, conn: Any = None,
                         shards: int = DEFAULT_SHARDS) -> GroupHandle:
@@ -449,6 +453,7 @@ def add_many_to_group(group_id: int, items: Iterable[Any], *, conn: Any = None) 
         return _added(batch, in_tx(lambda: _add_many_steps(group_id, batch), conn))
 
 
+@awaited("jobs.aadd_many_to_group()")
 async def aadd_many_to_group(group_id: int, items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
     """add_many_to_group() for async code."""
     group_id = _group_id(group_id)
@@ -457,6 +462,7 @@ async def aadd_many_to_group(group_id: int, items: Iterable[Any], *, conn: Any =
         return await _aadded(batch, await ain_tx(lambda: _add_many_steps(group_id, batch), conn))
 
 
+@awaited("jobs.aadd_to_group()")
 async def aadd_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None,
                         at: datetime | None = None, conn: Any = None, key: str | None = None,
                         tags: Sequence[str] | None = None, **unknown: Never) -> JobHandle:
@@ -483,6 +489,7 @@ def seal_group(group_id: int, *, conn: Any = None) -> bool:
     return in_tx(lambda: _seal_steps(group_id), conn)
 
 
+@awaited("jobs.aseal_group()")
 async def aseal_group(group_id: int, *, conn: Any = None) -> bool:
     group_id = _group_id(group_id)
     return await ain_tx(lambda: _seal_steps(group_id), conn)

@@ -8,6 +8,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from ...blocking import warn_if_on_event_loop
 from ...tasks import carried_through
+from ..api.awaited import awaited
 from ..api.handles import checked_id
 from . import queries as gq
 from . import steps
@@ -117,6 +118,7 @@ def cancel_group(group_id: int) -> bool:
     return marked
 
 
+@awaited("jobs.acancel_group()")
 async def acancel_group(group_id: int) -> bool:
     """cancel_group() for async code. A cancel of the task awaiting it does not cut it off part-way:
     it goes on to its end. A member that cancels its own group is the likely case: the cancel's

@@ -7,6 +7,7 @@ from typing import Any
 
 from ...blocking import warn_if_on_event_loop
 from ...errors import ArgumentTypeError, ArgumentValueError
+from ..api.awaited import awaited
 from .. import database
 from .. import queries as job_queries
 from ..errors import PeriodicNotFound, PeriodicStillScheduled
@@ -48,6 +49,7 @@ def forget_periodic(name: str) -> None:
             raise _not_found(name)
 
 
+@awaited("jobs.aforget_periodic()")
 async def aforget_periodic(name: str) -> None:
     """forget_periodic() for async code."""
     name = _checked(name)

@@ -131,8 +131,9 @@ class JobContext:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             self._loop = None
-        # The durable calls (and ctx.group.enqueue) made on the loop, each with how to name it:
-        # one whose `await` was forgotten never runs, and the run's end finds it (_forgotten).
+        # The durable calls, ctx.group.enqueue and the jobs API's async writes (api/awaited.py)
+        # made on the loop, each with how to name it: one whose `await` was forgotten never runs,
+        # and the run's end finds it (_forgotten).
         self._made: list[tuple[Coroutine[Any, Any, Any], str]] = []
         self._made_limit = _MADE_PRUNE
 
@@ -216,8 +217,9 @@ class JobContext:
         """After an async job's function returned (or raised `raised`): raise InvalidResultError
         naming the calls it made and never awaited (nor handed to a task), each closed so that
         Python does not warn of it later. Such a call never ran: the checkpoint's side effect, the
-        child, the member added never happened, and the result the job returned stands on them;
-        what it raised came of using the call's coroutine as its result (executor._used_a_coroutine)."""
+        child, the member added, the job enqueued or cancelled never happened, and the result the
+        job returned stands on them; what it raised came of using the call's coroutine as its
+        result (executor._used_a_coroutine)."""
         left = [(c, s) for c, s in self._made if inspect.getcoroutinestate(c) == inspect.CORO_CREATED]
         self._made = []
         if not left:
@@ -230,12 +232,18 @@ class JobContext:
             return
         for call, _ in forgotten:
             call.close()
-        shown = ", ".join(dict.fromkeys(s for _, s in forgotten))
+        names = list(dict.fromkeys(s for _, s in forgotten))
+        shown = ", ".join(names)
         how = (f"returned without awaiting {shown}" if raised is None
                else f"raised {type(raised).__name__} after it called {shown} without `await`")
-        raise InvalidResultError(
-            f"{name} {how}: a ctx call of an async job runs only when awaited, so it never ran (nothing was "
-            f"stored, created or added); write `await ctx....` before the call") from raised
+        if all(s.startswith("ctx.") for s in names):
+            why = ("a ctx call of an async job runs only when awaited, so it never ran (nothing was stored, created "
+                   "or added); write `await ctx....` before the call")
+        else:
+            why = ("an async call runs only when awaited, so it never ran (nothing was enqueued, cancelled, sent, "
+                   "stored or added); add `await` before the call, or hand it to a task (asyncio.gather, "
+                   "asyncio.create_task)")
+        raise InvalidResultError(f"{name} {how}: {why}") from raised
 
     @property
     def _durable_run(self) -> Any:

@@ -22,6 +22,7 @@ from typing import Any
 from ...errors import ArgumentTypeError
 from ...postgres.text import storable_text
 from ..api.args import PAST_ONE_MESSAGE, check_sendable, encode
+from ..api.awaited import RUNNING
 from ..api.functions import default_backoff
 from ...types import as_seconds
 from ..errors import (
@@ -103,6 +104,9 @@ async def execute(
             if arm is not None and fn.timeout is not None:
                 arm(fn, ctx)
             started = loop.time()
+            # The jobs API's async writes it makes (other_job.aenqueue(), ...) are handed to its
+            # ctx, which finds one whose `await` it forgot (api/awaited.py); its tasks see it too.
+            running = RUNNING.set(ctx)
             try:
                 value = await fn.func(ctx, *job.args)
                 limit = effective(fn.timeout)
@@ -111,6 +115,7 @@ async def execute(
                     # could reach it: it ran past its timeout all the same, and fails by it.
                     ctx._timed_out = True
             finally:
+                RUNNING.reset(running)
                 # Checkpoints it left running (beside one that raised) store before its outcome.
                 durable = ctx._durable_run
                 if durable is not None:

@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar, overload
 
+from ..api.awaited import awaited
 from ..api.functions import JobFunction, class_refused, default_backoff, is_generator_callable
 from ..api.handles import WorkflowHandle
 from ..api.options import check_queue
@@ -284,5 +285,6 @@ class Workflow:
             say("workflow.start()", f"{self.name}.astart()", 2, f"{self.name}.start()")  # 2: the caller
         return self._engine.start(self, input, conn, key)
 
+    @awaited(lambda flow: f"{flow.name}.astart()")
     async def astart(self, input: Any = None, *, conn: Any = None, key: str | None = None) -> WorkflowHandle:
         return await self._engine.astart(self, input, conn, key)

@@ -17,6 +17,7 @@ from psycopg.rows import dict_row
 from ...blocking import warn_if_on_event_loop
 from .. import database
 from .. import queries as job_queries
+from ..api.awaited import awaited
 from ..api.args import encode, stored_whole
 from ..api.control import acancel, cancel
 from ..groups.cancel import acancel_children, cancel_children
@@ -115,18 +116,22 @@ def skip(run_id: int, step: str, *, actor: str | None = None, reason: str | None
     return _verb(run_id, "skip", check_name(step, "skip()"), actor, reason)
 
 
+@awaited("jobs.workflows.apause()")
 async def apause(run_id: int, *, actor: str | None = None, reason: str | None = None) -> bool:
     return await _averb(run_id, "pause", None, actor, reason)
 
 
+@awaited("jobs.workflows.aresume()")
 async def aresume(run_id: int, *, actor: str | None = None, reason: str | None = None) -> bool:
     return await _averb(run_id, "resume", None, actor, reason)
 
 
+@awaited("jobs.workflows.acancel()")
 async def acancel_run(run_id: int, *, actor: str | None = None, reason: str | None = None) -> bool:
     return await _averb(run_id, "cancel", None, actor, reason)
 
 
+@awaited("jobs.workflows.askip()")
 async def askip(run_id: int, step: str, *, actor: str | None = None, reason: str | None = None) -> bool:
     return await _averb(run_id, "skip", check_name(step, "skip()"), actor, reason)
 
@@ -261,6 +266,7 @@ def signal(run_id: int, name: str, data: Any = None, *, actor: str | None = None
         raise refusal
 
 
+@awaited("jobs.workflows.asignal()")
 async def asignal_run(run_id: int, name: str, data: Any = None, *, actor: str | None = None,
                       key: str | None = None) -> None:
     run_id, name = _run_id(run_id), check_name(name, "signal()")
