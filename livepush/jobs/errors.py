@@ -67,7 +67,8 @@ class InvalidProgressError(LivepushError, ValueError):
 
 class JobCancelled(BaseException):
     """Raised by `ctx.progress()` (and delivered as task cancellation to async jobs) once
-    someone called `jobs.cancel()` on a running job.
+    someone called `jobs.cancel()` on a running job. A job raises it itself to give up on purpose
+    (its work no longer wanted): it ends `cancelled`, not retried, as a cancelled job does.
 
     A BaseException, like asyncio.CancelledError, so a job's broad `except Exception`
     does not swallow it: let it propagate and the job ends as `cancelled`.

@@ -434,6 +434,28 @@ def sync_polls_cancelled(ctx: Any) -> str:
     return "ran to its end"
 
 
+@jobs.job(name="t.gives_up", max_attempts=3)
+async def gives_up(ctx: Any, reason: str, in_a_task_group: bool = False) -> None:
+    """A job that finds its work no longer wanted and stops on purpose, raising JobCancelled (in
+    one of its tasks, which an asyncio.TaskGroup raises wrapped in an exception group)."""
+    await ctx.progress(1, 2, "looked")
+    if in_a_task_group:
+        async def look() -> None:
+            raise jobs.JobCancelled(reason)
+
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(look())
+            tasks.create_task(asyncio.sleep(10))
+    raise jobs.JobCancelled(reason)
+
+
+@jobs.job(name="t.gives_up_sync", max_attempts=3)
+def gives_up_sync(ctx: Any, reason: str, in_a_task_group: bool = False) -> None:
+    """gives_up, as a sync job."""
+    ctx.progress(1, 2, "looked")
+    raise jobs.JobCancelled(reason)
+
+
 @jobs.job(name="t.deaf_to_timeout", timeout=0.2, max_attempts=1)
 async def deaf_to_timeout(ctx: Any, flag: str) -> str:
     return await deaf_until_flag(ctx, flag)

@@ -110,6 +110,29 @@ async def test_a_sync_job_that_sees_ctx_cancelled_and_returns_ends_cancelled(job
     assert names_of(jobs_db, h.id) == ["enqueued/available", "started/running", "cancelled/cancelled"]
 
 
+@pytest.mark.parametrize("job, in_a_task_group", [(sample_jobs.gives_up, False), (sample_jobs.gives_up, True),
+                                                   (sample_jobs.gives_up_sync, False)])
+async def test_a_job_that_raises_jobcancelled_itself_ends_cancelled_at_once(
+        jobs_db: str, job: JobFunction, in_a_task_group: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """A job that gives up on purpose (its work no longer wanted) raises JobCancelled itself, or
+    in a task of an asyncio.TaskGroup (which wraps it in an exception group: the attempt failed,
+    and was retried): it ends `cancelled` as a cancelled job does, not retried, its error
+    `cancelled` on get_job() and its state topic, its progress kept. Its reason is not its
+    error: the runtime logs it."""
+    caplog.set_level(logging.INFO, logger="livepush.jobs")
+    h = await job.aenqueue("the import was deleted", in_a_task_group)
+    assert await jobs.adrain() == {"cancelled": 1}
+    info = await jobs.aget_job(h.id)
+    assert info is not None
+    assert (info.state, info.attempt, info.error, info.result) == ("cancelled", 1, "cancelled", None)
+    assert names_of(jobs_db, h.id)[-1] == "cancelled/cancelled"
+    last = events_of(jobs_db, h.id)[-1]["job"]
+    assert (last["state"], last["error"]) == ("cancelled", "cancelled")
+    assert last["progress"] == {"done": 1, "total": 2, "message": "looked"}
+    said = [r.getMessage() for r in caplog.records if r.name == "livepush.jobs" and f"job {h.id} " in r.getMessage()]
+    assert any("raised JobCancelled" in m and "the import was deleted" in m for m in said), said
+
+
 async def test_async_timeout_fails_the_attempt(jobs_db: str) -> None:
     """An async job past its timeout is cancelled and the attempt fails."""
     async with running():

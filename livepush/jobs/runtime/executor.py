@@ -174,10 +174,10 @@ async def execute(
             # ever: it fails the attempt like any other exception.
             return _failure(fn, ctx, exc)
         raise
-    except JobCancelled:
+    except JobCancelled as exc:
         if ctx._released:
             return None
-        return Outcome(ctx, "cancelled", error="cancelled")
+        return _gave_up(ctx, fn.name, exc)
     except BaseException as exc:  # noqa: BLE001 - any failure of user code fails the attempt
         # SystemExit and KeyboardInterrupt too: raised here they are the job's own (sys.exit() in
         # code it calls; the runtime handles SIGINT itself, and a sync job's come from its
@@ -193,6 +193,8 @@ async def execute(
             if task is not None:
                 task.uncancel()
             return timeout_failure(fn, ctx)
+        if isinstance(exc, BaseExceptionGroup) and exc.split(JobCancelled)[1] is None:
+            return _gave_up(ctx, fn.name, exc.exceptions[0])  # raised in its tasks (an asyncio.TaskGroup)
         if _used_a_coroutine(exc):
             try:
                 ctx._forgotten(fn.name, exc)  # a ctx call's coroutine, its `await` forgotten, used as its result
@@ -256,6 +258,15 @@ def refuse_coroutine(name: str, is_async: bool, value: Any) -> None:
         f"{name} returned a coroutine without running it: its function is not `async def` (a decorator's "
         "sync wrapper around an async function?), so it ran in a thread as a sync job: make the wrapper "
         "`async def` and await the function it wraps")
+
+
+def _gave_up(ctx: JobContext, name: str, exc: BaseException) -> Outcome:
+    """The outcome of a run that raised JobCancelled: its cancel reaching it, or the job giving up
+    on purpose (its work no longer wanted), which ends as a cancelled job does, its error
+    `cancelled` as every cancel's; its reason is logged, where an operator looks for why."""
+    if not ctx._cancel_requested:
+        log.info("job %s (%s) raised JobCancelled itself, and ends cancelled: %s", ctx.job_id, name, _error_text(exc))
+    return Outcome(ctx, "cancelled", error="cancelled")
 
 
 def _abandoned(fn: Any, ctx: JobContext, task: asyncio.Task[Any] | None) -> Outcome | None:
