@@ -184,8 +184,13 @@ def message(topic: str, offset: Offset, data_json: str) -> str:
     return '{"op":"message","topic":"' + topic + '","offset":"' + offset + '","data":' + data_json + "}"
 
 
-def reset(topic: str) -> str:
-    return _dump({"op": "reset", "topic": topic})
+def reset(topic: str, ref: Ref = None) -> str:
+    """`ref`: the subscribe this reset answers, which it is about alone; None for a reset about the
+    topic's stream, which every subscription of the topic on the connection hears. A subscribe
+    whose ref was null cannot be told apart by one, so its reset names none either."""
+    if ref is None:
+        return _dump({"op": "reset", "topic": topic})
+    return _dump({"op": "reset", "topic": topic, "ref": ref})
 
 
 def pong(ref: Ref) -> str:

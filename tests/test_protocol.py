@@ -71,6 +71,7 @@ def test_server_frames_have_the_spec_shapes() -> None:
     assert json.loads(protocol.refused("r", "limit")) == {"op": "refused", "ref": "r", "reason": "limit"}
     assert json.loads(protocol.refused("r", "unavailable")) == {"op": "refused", "ref": "r", "reason": "unavailable"}
     assert json.loads(protocol.reset("a")) == {"op": "reset", "topic": "a"}
+    assert json.loads(protocol.reset("a", "r1")) == {"op": "reset", "topic": "a", "ref": "r1"}
     assert json.loads(protocol.pong(None)) == {"op": "pong", "ref": None}
     assert json.loads(protocol.error("bad_frame", "x"))["reason"] == "bad_frame"
 

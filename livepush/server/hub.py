@@ -501,7 +501,11 @@ class Hub:
         No reset for a read-on whose join buffer dropped nothing: made as the read-on began, at the
         cursor, it holds every live message since (and a `reset` wherever the live stream had a
         gap), all that history would have sent: the joiner goes on from where it stands. (A
-        subscribe's join buffer began at the cursor, past what its replay had to send.)"""
+        subscribe's join buffer began at the cursor, past what its replay had to send.)
+
+        The reset names no subscribe: past a `subscribed`, the replay is the connection's one stream
+        of the topic, which every subscription of it on the page follows (a second subscription's
+        replay carries the first one's messages too), so all of them lost what it could not send."""
         if self._covered(buffer):
             assert buffer.stands is not None
             return offset_key(buffer.stands)
@@ -1071,9 +1075,14 @@ class Hub:
             sub.send(protocol.subscribed(ref, topic, latest))
             if self._left(t, sub, buffer):
                 return offset_key(latest)
-            sub.send(protocol.reset(topic))
+            # Where the connection's stream stands itself (a second subscription from now), the
+            # stream goes on from `latest`, and every subscription of the topic on the page lost
+            # what lies between: the reset is the stream's. Otherwise it is this subscribe's own,
+            # and names it, so that a subscription beside it that lost nothing does not refetch.
+            streams = stood is not None and stood == since
+            sub.send(protocol.reset(topic, None if streams else ref))
             metrics.RESETS.labels("history").inc()
-            if stood is None or stood == since:
+            if stood is None or streams:
                 return offset_key(latest)
             # A second subscription of the page, from a `since` older than the stream: the reset is
             # its own, and the connection's one stream goes on from where it stood, or the page's

@@ -204,7 +204,7 @@ async def test_a_since_that_is_no_offset_gets_subscribed_and_reset_on_every_fan_
         await client.send({"op": "subscribe", "topic": topic, "since": since, "ref": ref})
         answer = await client.recv()
         assert (answer["op"], answer["ref"]) == ("subscribed", ref), (since, answer)
-        assert await client.recv() == {"op": "reset", "topic": "room:odd"}, since
+        assert await client.recv() == {"op": "reset", "topic": "room:odd", "ref": ref}, since
         # Subscribed again, the connection's stream would go on from where it stands (docs/protocol.md).
         await client.send({"op": "unsubscribe", "topic": topic})
     await client.send({"op": "ping", "ref": "after"})

@@ -248,6 +248,7 @@ async def test_subscribing_again_with_a_since_history_cannot_resume_from_loses_n
     await async_wait_for(lambda: 4 in sub.data(), timeout=5)
     await settle()
     assert [f["op"] for f in sub.frames] == ["subscribed", "message", "subscribed", "reset", "message", "message", "message"]
+    assert sub.frames[3] == {"op": "reset", "topic": "t", "ref": 2}  # the second's alone: it names its subscribe
     assert sub.data() == [1, 2, 3, 4]
 
 
@@ -265,10 +266,49 @@ async def test_subscribing_again_with_a_stale_since_to_a_topic_with_no_message_y
     await hub.subscribe(sub, "t", None, 1)
     await hub.subscribe(sub, "t", "1-1", 2)
     assert [f["op"] for f in sub.frames] == ["subscribed", "subscribed", "reset"]
+    assert sub.frames[2] == {"op": "reset", "topic": "t", "ref": 2}
     fanout.publish("t", 1)
     await async_wait_for(lambda: sub.data() == [1], timeout=5)
     await settle()
     assert sub.data() == [1]
+
+
+async def test_a_reset_that_answers_a_subscribe_names_its_ref_and_one_for_falling_behind_names_none() -> None:
+    """A `reset` that answers a subscribe (its `since` history cannot resume from) is about that
+    subscription alone, and carries its `ref`, whether it is the connection's first subscription
+    of the topic or a second one (a null ref names nothing, so none is sent); a `reset` for a
+    subscriber that fell behind is about the topic's stream, heard by every subscription of it on
+    the page, and names none."""
+    fanout, hub = await make()
+    first = Sub()
+    await hub.subscribe(first, "u", "1-1", "mine")
+    assert first.frames[1] == {"op": "reset", "topic": "u", "ref": "mine"}
+    again = Sub()
+    await hub.subscribe(again, "u", None, 1)
+    await hub.subscribe(again, "u", "1-1", 2)
+    assert again.frames[2] == {"op": "reset", "topic": "u", "ref": 2}
+    unnamed = Sub()
+    await hub.subscribe(unnamed, "u", "1-1", None)
+    assert unnamed.frames[1] == {"op": "reset", "topic": "u"}
+
+    behind = await read_on_past_its_buffer(LostHistory(), reset=True)
+    assert [f for f in behind.frames if f["op"] == "reset"] == [{"op": "reset", "topic": "burst"}]
+
+
+async def test_a_reset_for_where_the_connections_stream_stands_names_no_subscribe() -> None:
+    """A page's second subscription of a topic from now resumes the connection's stream from where
+    it stands: when history no longer holds that place, the stream goes on from the latest
+    offset, and the page's first subscription lost what lies between as much as the second. The
+    `reset` is the stream's, so it names no subscribe and every subscription hears it."""
+    fanout, hub = await make()
+    sub = Sub()
+    await hub.subscribe(sub, "t", None, 1)
+    fanout.publish("t", "a")
+    await async_wait_for(lambda: sub.data() == ["a"], message="the first message")
+    lose_unheard(fanout, "t")  # the message after "a" is gone from history, unheard
+    await hub.subscribe(sub, "t", None, 2)
+    assert [f["op"] for f in sub.frames] == ["subscribed", "message", "subscribed", "reset"]
+    assert sub.frames[3] == {"op": "reset", "topic": "t"}
 
 
 async def test_a_message_that_skips_ahead_is_filled_from_history_in_order() -> None:
@@ -398,6 +438,7 @@ async def test_a_gap_history_cannot_fill_becomes_reset_then_live() -> None:
     await settle()
     ops = [f["op"] for f in sub.frames if f["op"] in ("message", "reset")]
     assert ops == ["message", "reset"] and sub.data() == ["a"]
+    assert sub.frames[-1] == {"op": "reset", "topic": "t"}  # the stream's: it names no subscribe
     fanout.publish("t", "c")
     await settle()
     assert sub.data() == ["a", "c"]
@@ -842,6 +883,9 @@ async def test_a_replay_whose_rest_is_trimmed_while_the_client_reads_its_first_p
     await async_wait_for(lambda: "live" in sub.data(), message="the live message")
     ops = [f["op"] for f in sub.frames]
     assert ops == ["subscribed", *["message"] * HISTORY_PAGE, "reset", "message"]
+    # Cut short after its `subscribed`, the replay is the connection's stream of the topic: its
+    # reset is about every subscription of it, and names none.
+    assert sub.frames[-2] == {"op": "reset", "topic": "long"}
     assert sub.data() == [*range(HISTORY_PAGE), "live"]
 
 

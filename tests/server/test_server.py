@@ -328,8 +328,9 @@ async def test_a_since_no_fan_out_gives_out_gets_subscribed_then_reset_never_ref
     """`since` as 21 zeros (digits, but more than any offset has) on a topic with nothing published: `subscribed`, then `reset`, then live messages; never a `refused` after the `subscribed`."""
     client = await WSClient.open(served.url)
     topic = served.sign("room:zeros")
-    assert (await client.subscribe(topic, since="0" * 21))["op"] == "subscribed"
-    assert await client.recv() == {"op": "reset", "topic": "room:zeros"}
+    answer = await client.subscribe(topic, since="0" * 21)
+    assert answer["op"] == "subscribed"
+    assert await client.recv() == {"op": "reset", "topic": "room:zeros", "ref": answer["ref"]}
     await served.publish("room:zeros", {"n": 1})
     assert (await client.messages(1))[0]["data"] == {"n": 1}
     await client.close()
