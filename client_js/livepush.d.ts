@@ -121,7 +121,9 @@ export interface SubscribeOptions {
   /** The last offset the page already reflects, e.g. `livepush.latest_offset(topic)` rendered
    * into the page. Messages at or before it are not delivered. */
   since?: string | null;
-  /** `since` is older than the history kept: refetch the state. */
+  /** `since` is older than the history kept (or the page fell behind): refetch the state. A
+   * reset that answers this subscription's own subscribe runs its onReset alone, not that of
+   * another subscription of the topic. */
   onReset?: ((topic: string) => void) | null;
   /** After every (re)subscribe the server accepted; `offset` is the server's latest or null. */
   onSubscribed?: ((info: { topic: string; offset: string | null }) => void) | null;

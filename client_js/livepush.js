@@ -427,7 +427,8 @@ class Heartbeat {
  *   `livepush.latest_offset(topic)` embedded by the server when it rendered the page
  * @property {((topic: string) => void) | null} [onReset] `since` was older than the history the server
  *   keeps (or the page fell behind): refetch the state. The next resubscribe starts where the
- *   live messages after the reset began, so none is lost.
+ *   live messages after the reset began, so none is lost. A reset that answers this subscription's
+ *   own subscribe runs its onReset alone, not that of another subscription of the topic.
  * @property {((info: {topic: string, offset: string | null}) => void) | null} [onSubscribed]
  *   called after every (re)subscribe the server accepted
  * @property {((reason: string, info: {topic: string}) => void) | null} [onRefused] the server refused
@@ -698,11 +699,13 @@ class Registry {
     /** @type {Map<string, Subscription>} refs of this connection only */
     this._pending = new Map();
     /**
-     * Refs of subscribes sent with a `since`, not refused: after `subscribed` the server sends
-     * their replay (or snapshot), and answers a ping sent meanwhile only once it is done.
-     * @type {Set<string>}
+     * Refs of subscribes sent with a `since`, not refused, and their subscriptions: after
+     * `subscribed` the server sends their replay (or snapshot), and answers a ping sent meanwhile
+     * only once it is done. A `reset` that answers one of them (its `since` history cannot
+     * resume from) comes in that time too, naming its ref: the ref still finds its subscription.
+     * @type {Map<string, Subscription>}
      */
-    this._replaying = new Set();
+    this._replaying = new Map();
   }
 
   /** @param {Subscription} sub */
@@ -749,7 +752,7 @@ class Registry {
    */
   expect(ref, sub, since) {
     this._pending.set(ref, sub);
-    if (since !== null && since !== undefined) this._replaying.add(ref);
+    if (since !== null && since !== undefined) this._replaying.set(ref, sub);
   }
 
   /**
@@ -763,6 +766,19 @@ class Registry {
     this._pending.delete(key);
     if (refused) this._replaying.delete(key);
     return sub;
+  }
+
+  /**
+   * The subscriptions a `reset` is about: the one whose subscribe it answers when it names a ref
+   * (none when that ref is no subscribe of this connection's with a `since`, or of another
+   * topic: the reset is about no subscription of the page), else every one of the topic.
+   * @param {{topic: string, ref?: unknown}} frame
+   * @returns {Subscription[]}
+   */
+  resetOf(frame) {
+    if (frame.ref === undefined || frame.ref === null) return this.forTopic(frame.topic);
+    const sub = this._replaying.get(String(frame.ref));
+    return sub && sub.plainTopic === frame.topic ? [sub] : [];
   }
 
   /**
@@ -1173,7 +1189,9 @@ export class LivePush {
         for (const sub of this._registry.forTopic(frame.topic)) sub._deliver(frame);
         return;
       case 'reset':
-        for (const sub of this._registry.forTopic(frame.topic)) sub._reset();
+        // A reset that names a subscribe is that subscription's alone: the others of the topic
+        // lost nothing, and a refetch would show again what their next messages add.
+        for (const sub of this._registry.resetOf(frame)) sub._reset();
         return;
       case 'pong':
         // Its arrival already fed the heartbeat; and it comes after every answer to what was sent before its ping.

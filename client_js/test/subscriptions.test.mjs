@@ -713,6 +713,69 @@ test('a reset that comes before a subscription has its own answer is not about i
   h.lp.close();
 });
 
+test('a reset naming a subscribe reaches that subscription alone; the one beside it goes on, every message once', () => {
+  const h = harness();
+  const resets = [];
+  const list = collect(h.lp, 'chat:a', { onReset: () => resets.push('list') });
+  const ws = h.last();
+  ws.hello();
+  ws.receive({ op: 'subscribed', ref: ws.frames('subscribe')[0].ref, topic: 'chat:a', offset: '1767225600000000-5' });
+  ws.receive({ op: 'message', topic: 'chat:a', offset: '1767225600000000-6', data: 6 });
+  // A second subscription of the page, with an offset cached from an earlier epoch of the topic:
+  // its own answer, then its own reset; the connection's stream goes on where it stood.
+  const badge = collect(h.lp, 'chat:a', { since: '1-1', onReset: () => resets.push('badge') });
+  const second = ws.frames('subscribe')[1];
+  ws.receive({ op: 'subscribed', ref: second.ref, topic: 'chat:a', offset: '1767225600000000-9' });
+  ws.receive({ op: 'reset', topic: 'chat:a', ref: second.ref });
+  assert.deepEqual(resets, ['badge']);
+  for (const n of [7, 8, 9, 10]) ws.receive({ op: 'message', topic: 'chat:a', offset: `1767225600000000-${n}`, data: n });
+  assert.deepEqual(list.data(), [6, 7, 8, 9, 10]);
+  assert.deepEqual(badge.data(), [10]);
+  // A reset that names no subscribe is the topic's stream's: every subscription hears it.
+  ws.receive({ op: 'reset', topic: 'chat:a' });
+  assert.deepEqual(resets, ['badge', 'list', 'badge']);
+  assert.deepEqual(h.errors, []);
+  h.lp.close();
+});
+
+test('a reset naming a subscribe the page dropped since, or one this connection never sent, reaches nobody', () => {
+  const h = harness();
+  const resets = [];
+  collect(h.lp, 'chat:a', { since: '1767225600000000-4', onReset: () => resets.push('stays') });
+  const leaving = collect(h.lp, 'chat:a', { since: '1-1', onReset: () => resets.push('leaving') });
+  let ws = h.last();
+  ws.hello();
+  const [first, second] = ws.frames('subscribe');
+  ws.receive({ op: 'subscribed', ref: first.ref, topic: 'chat:a', offset: '1767225600000000-5' });
+  ws.receive({ op: 'subscribed', ref: second.ref, topic: 'chat:a', offset: '1767225600000000-5' });
+  leaving.sub.unsubscribe(); // while its reset was on its way
+  ws.receive({ op: 'reset', topic: 'chat:a', ref: second.ref });
+  ws.receive({ op: 'reset', topic: 'chat:a', ref: 'never-sent' });
+  assert.deepEqual(resets, []);
+  // The refs of a connection that is gone name nothing on the next one.
+  ws = reconnect(h);
+  ws.acceptSubscribes();
+  ws.receive({ op: 'reset', topic: 'chat:a', ref: first.ref });
+  assert.deepEqual(resets, []);
+  assert.deepEqual(h.errors, [], 'a reset that is about no subscription of the page is no missed message');
+  h.lp.close();
+});
+
+test('a reset naming the subscribe of a topic other than its own reaches nobody', () => {
+  const h = harness();
+  const resets = [];
+  collect(h.lp, 'chat:a', { since: '1-1', onReset: (t) => resets.push(t) });
+  collect(h.lp, 'chat:b', { onReset: (t) => resets.push(t) });
+  const ws = h.last();
+  ws.hello();
+  ws.acceptSubscribes();
+  ws.receive({ op: 'reset', topic: 'chat:b', ref: ws.frames('subscribe')[0].ref });
+  assert.deepEqual(resets, []);
+  ws.receive({ op: 'reset', topic: 'chat:a', ref: ws.frames('subscribe')[0].ref });
+  assert.deepEqual(resets, ['chat:a']);
+  h.lp.close();
+});
+
 /** What a subscription of a state topic delivered, as [event, offset] pairs. */
 const versions = (c) => c.got.map(([data, offset]) => [data.event, offset]);
 

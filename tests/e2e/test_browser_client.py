@@ -508,6 +508,49 @@ async def test_a_page_reset_on_subscribe_misses_nothing_published_while_the_serv
     await client_page.evaluate("e2e.after.close()")
 
 
+async def test_a_second_subscription_from_an_earlier_epoch_resets_alone_and_the_first_gets_every_message_once(
+        client_page: Page, push_server: PushServer) -> None:
+    """A page follows a topic; a second view of it then subscribes with an offset cached from an
+    earlier epoch of the topic. Only that second view's onReset runs (it refetches): the first,
+    which lost nothing, is not told to refetch what it shows, and gets every message once, those
+    published around the second subscribe included."""
+    topic = "room:e2e-second-reset"
+    signed = push_server.sign(topic)
+    await client_page.evaluate(
+        """(topic) => {
+            const lp = new e2e.mod.LivePush(e2e.wsUrl, { onError: (err) => e2e.errors.push(String(err.reason)) });
+            Object.assign(e2e, { views: lp, list: [], badge: [], resets: [], answered: 0 });
+            lp.subscribe(topic, (data) => e2e.list.push(data.n), {
+                onReset: () => { e2e.resets.push('list'); },
+                onSubscribed: () => { e2e.answered += 1; },
+            });
+        }""",
+        signed,
+    )
+    await client_page.wait_for_function("e2e.answered >= 1")
+    for n in (1, 2):
+        await push_server.publish(topic, {"n": n})
+    await client_page.wait_for_function("e2e.list.length >= 2")
+    await client_page.evaluate(
+        """(topic) => {
+            e2e.views.subscribe(topic, (data) => e2e.badge.push(data.n), {
+                since: '1-1', // an earlier epoch of the topic: history cannot resume from it
+                onReset: () => { e2e.resets.push('badge'); },
+                onSubscribed: () => { e2e.answered += 1; },
+            });
+        }""",
+        signed,
+    )
+    await push_server.publish(topic, {"n": 3})  # around the second subscribe, as a busy topic has
+    await client_page.wait_for_function("e2e.answered >= 2 && e2e.resets.length >= 1")
+    await push_server.publish(topic, {"n": 4})
+    await client_page.wait_for_function("e2e.list.includes(4) && e2e.badge.includes(4)")
+    assert await client_page.evaluate("e2e.resets") == ["badge"]
+    assert await client_page.evaluate("e2e.list") == [1, 2, 3, 4]
+    assert await client_page.evaluate("e2e.errors") == []
+    await client_page.evaluate("e2e.views.close()")
+
+
 async def test_a_page_with_more_subscriptions_than_the_subscribe_burst_gets_them_all(
         client_page: Page, push_server: PushServer) -> None:
     """A dashboard with two listeners on each of 60 topics (120 subscriptions, within the 100
