@@ -59,7 +59,7 @@ NOT_WRITES = {*(f"jobs.{name}" for name in ("aget_job", "alist_failed", "alist_t
                                              "aget_group", "agroup_members", "agroup_history", "adrain", "aclear")),
               "jobs.workflows.aget", "jobs.workflows.alist"}
 
-_tasks: set[asyncio.Task[Any]] = set()  # the calls handed to a task, held until they are done
+_tasks: set[asyncio.Task[Any]] = set()  # the tasks the jobs under test started, held until they are done
 
 
 @jobs.job(name="fa.forgets", queue=QUEUE, max_attempts=3, backoff=lambda attempt: 0.0)
@@ -76,6 +76,25 @@ async def forgets(ctx: Any, call: str, how: str, ids: dict[str, Any]) -> Any:
     elif how == "result used":
         return made.id  # AttributeError: a coroutine has no id
     return "returned as if it had run"
+
+
+@jobs.job(name="fa.starts_a_task", queue=QUEUE)
+async def starts_a_task(ctx: Any) -> str:
+    """Starts a task that makes two enqueues and awaits them one after the other, and returns while
+    that task awaits the first: the second is the task's, to await after the job returned."""
+    made = asyncio.Event()
+
+    async def enqueue_both() -> None:
+        calls = [target.aenqueue(1), target.aenqueue(2)]
+        made.set()
+        for call in calls:
+            await call
+
+    task = asyncio.create_task(enqueue_both())
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+    await made.wait()
+    return "returned while its task enqueues"
 
 
 # Everything the calls write, but the row of the job under test (and its payload).
@@ -150,6 +169,17 @@ async def test_an_enqueue_awaited_or_handed_to_a_task_runs_and_the_job_succeeds(
     await async_wait_for(lambda: q(jobs_db, "SELECT args FROM livepush_jobs j JOIN livepush_job_payloads p USING (id) "
                                             "WHERE j.name = 'fa.target'") == [([1],)],
                          10.0, message="the job the call enqueued")
+
+
+async def test_a_write_made_in_a_task_the_job_started_is_that_tasks_to_await_after_the_job_returned(
+        jobs_db: str) -> None:
+    """A task the job started made its calls, and awaits them one by one after the job returned:
+    they are the task's, not forgotten by the job. The job succeeds, and every call runs."""
+    handle = await starts_a_task.aenqueue()
+    assert await jobs.adrain([QUEUE]) == {"succeeded": 1}, await jobs.aget_job(handle.id)
+    await async_wait_for(lambda: q(jobs_db, "SELECT p.args FROM livepush_jobs j JOIN livepush_job_payloads p USING (id) "
+                                            "WHERE j.name = 'fa.target' ORDER BY j.id") == [([1],), ([2],)],
+                         10.0, message="both jobs the task enqueued")
 
 
 async def test_a_write_made_outside_any_job_is_left_to_its_caller() -> None:

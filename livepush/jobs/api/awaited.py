@@ -3,10 +3,10 @@
 A coroutine runs only when awaited: `other_job.aenqueue(1)` written in an async job without
 `await` enqueues nothing, and the job ended `succeeded` over a lost job, with at most Python's
 "coroutine ... was never awaited" RuntimeWarning at garbage collection. While an async job's
-function runs, the runtime sets RUNNING to its ctx (runtime/executor.py); each call made through
-@awaited hands the coroutine it makes to that ctx, and the run's end fails the job naming any it
-never started, as it does a forgotten durable ctx call (runtime/context.py, JobContext._forgotten).
-Outside a job a call costs one ContextVar read more.
+function runs, the runtime sets RUNNING to its ctx and task (runtime/executor.py); each call made
+through @awaited in that task hands the coroutine it makes to that ctx, and the run's end fails the
+job naming any it never started, as it does a forgotten durable ctx call (runtime/context.py,
+JobContext._forgotten). Outside a job a call costs one ContextVar read more.
 """
 
 from __future__ import annotations
@@ -29,8 +29,11 @@ class Tracker(Protocol):
     def _track(self, call: Coroutine[Any, Any, Any], shown: str) -> Coroutine[Any, Any, Any]: ...
 
 
-# The ctx of the async job whose task (or a task it started) is running, else None.
-RUNNING: ContextVar[Tracker | None] = ContextVar("livepush_running_job", default=None)
+# The ctx of the async job whose function is running, and the task it runs in, else None. A task
+# the job starts inherits it, but what that task makes is its own to await, maybe after the job
+# returned: only calls made in the job's own task are the job's.
+RUNNING: ContextVar[tuple[Tracker, asyncio.Task[Any] | None] | None] = ContextVar("livepush_running_job",
+                                                                                  default=None)
 
 if sys.version_info >= (3, 12):
     iscoroutinefunction = inspect.iscoroutinefunction
@@ -56,11 +59,19 @@ def awaited(shown: str | Callable[[Any], str]) -> Callable[[Callable[P, Coroutin
         @functools.wraps(func)
         def call(*args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, T]:
             made = func(*args, **kwargs)
-            ctx = RUNNING.get()
-            if ctx is not None:
-                ctx._track(made, shown if isinstance(shown, str) else shown(args[0]))
+            running = RUNNING.get()
+            if running is not None and _in_task(running[1]):
+                running[0]._track(made, shown if isinstance(shown, str) else shown(args[0]))
             return made
 
         return _mark(call)
 
     return decorate
+
+
+def _in_task(task: asyncio.Task[Any] | None) -> bool:
+    """Whether the caller runs in `task` (a thread the job handed work to runs in none)."""
+    try:
+        return asyncio.current_task() is task
+    except RuntimeError:  # no loop running in this thread
+        return False

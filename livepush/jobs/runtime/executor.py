@@ -105,8 +105,9 @@ async def execute(
                 arm(fn, ctx)
             started = loop.time()
             # The jobs API's async writes it makes (other_job.aenqueue(), ...) are handed to its
-            # ctx, which finds one whose `await` it forgot (api/awaited.py); its tasks see it too.
-            running = RUNNING.set(ctx)
+            # ctx, which finds one whose `await` it forgot (api/awaited.py); not those of a task it
+            # starts, which may await them after it returned.
+            running = RUNNING.set((ctx, task))
             try:
                 value = await fn.func(ctx, *job.args)
                 limit = effective(fn.timeout)
