@@ -435,22 +435,24 @@ def sync_polls_cancelled(ctx: Any) -> str:
 
 
 @jobs.job(name="t.gives_up", max_attempts=3)
-async def gives_up(ctx: Any, reason: str, in_a_task_group: bool = False) -> None:
-    """A job that finds its work no longer wanted and stops on purpose, raising JobCancelled (in
-    one of its tasks, which an asyncio.TaskGroup raises wrapped in an exception group)."""
+async def gives_up(ctx: Any, reason: str, task_groups: int = 0) -> None:
+    """A job that finds its work no longer wanted and stops on purpose, raising JobCancelled (in a
+    task of an asyncio.TaskGroup, nested `task_groups` deep, each of which raises it wrapped in an
+    exception group)."""
     await ctx.progress(1, 2, "looked")
-    if in_a_task_group:
-        async def look() -> None:
-            raise jobs.JobCancelled(reason)
 
+    async def look(depth: int) -> None:
+        if depth == 0:
+            raise jobs.JobCancelled(reason)
         async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(look())
+            tasks.create_task(look(depth - 1))
             tasks.create_task(asyncio.sleep(10))
-    raise jobs.JobCancelled(reason)
+
+    await look(task_groups)
 
 
 @jobs.job(name="t.gives_up_sync", max_attempts=3)
-def gives_up_sync(ctx: Any, reason: str, in_a_task_group: bool = False) -> None:
+def gives_up_sync(ctx: Any, reason: str, task_groups: int = 0) -> None:
     """gives_up, as a sync job."""
     ctx.progress(1, 2, "looked")
     raise jobs.JobCancelled(reason)

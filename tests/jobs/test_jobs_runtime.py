@@ -110,17 +110,17 @@ async def test_a_sync_job_that_sees_ctx_cancelled_and_returns_ends_cancelled(job
     assert names_of(jobs_db, h.id) == ["enqueued/available", "started/running", "cancelled/cancelled"]
 
 
-@pytest.mark.parametrize("job, in_a_task_group", [(sample_jobs.gives_up, False), (sample_jobs.gives_up, True),
-                                                   (sample_jobs.gives_up_sync, False)])
+@pytest.mark.parametrize("job, task_groups", [(sample_jobs.gives_up, 0), (sample_jobs.gives_up, 1),
+                                              (sample_jobs.gives_up, 2), (sample_jobs.gives_up_sync, 0)])
 async def test_a_job_that_raises_jobcancelled_itself_ends_cancelled_at_once(
-        jobs_db: str, job: JobFunction, in_a_task_group: bool, caplog: pytest.LogCaptureFixture) -> None:
+        jobs_db: str, job: JobFunction, task_groups: int, caplog: pytest.LogCaptureFixture) -> None:
     """A job that gives up on purpose (its work no longer wanted) raises JobCancelled itself, or
-    in a task of an asyncio.TaskGroup (which wraps it in an exception group: the attempt failed,
-    and was retried): it ends `cancelled` as a cancelled job does, not retried, its error
-    `cancelled` on get_job() and its state topic, its progress kept. Its reason is not its
-    error: the runtime logs it."""
+    in a task of an asyncio.TaskGroup, nested or not (which wraps it in an exception group: the
+    attempt failed, and was retried): it ends `cancelled` as a cancelled job does, not retried,
+    its error `cancelled` on get_job() and its state topic, its progress kept. Its reason is not
+    its error: the runtime logs it."""
     caplog.set_level(logging.INFO, logger="livepush.jobs")
-    h = await job.aenqueue("the import was deleted", in_a_task_group)
+    h = await job.aenqueue("the import was deleted", task_groups)
     assert await jobs.adrain() == {"cancelled": 1}
     info = await jobs.aget_job(h.id)
     assert info is not None

@@ -195,7 +195,7 @@ async def execute(
                 task.uncancel()
             return timeout_failure(fn, ctx)
         if isinstance(exc, BaseExceptionGroup) and exc.split(JobCancelled)[1] is None:
-            return _gave_up(ctx, fn.name, exc.exceptions[0])  # raised in its tasks (an asyncio.TaskGroup)
+            return _gave_up(ctx, fn.name, _first(exc))  # raised in its tasks (an asyncio.TaskGroup)
         if _used_a_coroutine(exc):
             try:
                 ctx._forgotten(fn.name, exc)  # a ctx call's coroutine, its `await` forgotten, used as its result
@@ -333,10 +333,16 @@ def _never_retried_in_group(exc: BaseException, never: tuple[type[BaseException]
     and meets it again."""
     if not isinstance(exc, BaseExceptionGroup):
         return None
-    found: BaseException | None = exc.subgroup(lambda e: _never_retried(e, never))
-    while isinstance(found, BaseExceptionGroup):
-        found = found.exceptions[0]
-    return found
+    found = exc.subgroup(lambda e: _never_retried(e, never))
+    return None if found is None else _first(found)
+
+
+def _first(exc: BaseException) -> BaseException:
+    """The first error in `exc` that is not a group: what a task raised inside nested
+    asyncio.TaskGroups, each wrapping it in a group of its own (`exc` itself if it is no group)."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _met_its_groups_cancel(exc: BaseException, group_id: int | None) -> bool:
