@@ -81,7 +81,7 @@ class FirstOfEach:
     period is new the first time it comes in it, and none after. Keys come from clients, so past
     `limit` none is remembered (the memory stays bounded) and `past_limit` is logged once at
     WARNING instead: a client sending a new key each time cannot fill the log either. A new period
-    forgets them all, so keys that clients (a scanner) sent first cannot take every slot for good."""
+    forgets them all, so keys that clients (a scanner) sent in one period take no slot of the next."""
 
     def __init__(self, logger: logging.Logger, limit: int, past_limit: str, period: float,
                  clock: Callable[[], float] = time.monotonic) -> None:

@@ -252,7 +252,7 @@ async def test_refused_origins_named_in_warnings_are_bounded(secret: str, caplog
     assert warnings_of(caplog) == first_ones
 
 
-def test_the_named_origins_start_again_each_hour_so_a_scanners_origins_cannot_hide_yours_for_good(
+def test_the_named_origins_start_again_each_hour_so_a_scanners_origins_do_not_hide_yours_the_next_hour(
         caplog: pytest.LogCaptureFixture) -> None:
     """Clients that sent ten origins first (a scanner's) took the hour's slots; the operator's own
     missing origin, refused after them, is named once the hour is over. (Pure logic: a clock.)"""
