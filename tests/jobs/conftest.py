@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
-import sys
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -59,13 +57,6 @@ async def running(**options: Any) -> AsyncIterator[Runtime]:
     finally:
         rt.stop(now=True)
         await asyncio.wait_for(task, 10)
-
-
-# A coroutine function as asyncio and the frameworks that ask it (Starlette, asgiref) read one:
-# inspect's check from Python 3.12, asyncio's before, which sees the mark that a sync function
-# returning a coroutine carries there (the API's async writes are such, to watch for a forgotten
-# `await` in a job).
-iscoroutinefunction = inspect.iscoroutinefunction if sys.version_info >= (3, 12) else asyncio.iscoroutinefunction
 
 
 def q(url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:

@@ -12,7 +12,8 @@ import pytest
 from livepush import jobs
 from tests.jobs import sample_jobs
 from tests.jobs import workflow_defs as wd
-from tests.jobs.conftest import iscoroutinefunction, q
+from livepush.jobs.api.awaited import iscoroutinefunction  # as asyncio and the frameworks read one
+from tests.jobs.conftest import q
 from tests.support.waiting import async_wait_for
 
 # Calls that define or configure rather than talk to the database: nothing to await.

@@ -15,7 +15,8 @@ import pytest
 from livepush import jobs
 from tests.jobs import sample_jobs
 from tests.jobs import workflow_defs as wd
-from tests.jobs.conftest import iscoroutinefunction, q
+from livepush.jobs.api.awaited import iscoroutinefunction  # as asyncio and the frameworks read one
+from tests.jobs.conftest import q
 from tests.support.waiting import async_wait_for
 
 QUEUE = "forgets"  # drained alone: what the calls would enqueue or start goes elsewhere
