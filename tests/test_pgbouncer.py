@@ -337,6 +337,28 @@ def test_a_pgbouncer_at_its_max_client_conn_is_said_as_full_with_what_to_raise_n
     assert "cannot reach" not in message and "that the server is running" not in message, message
 
 
+def test_a_pgbouncer_whose_pool_stays_full_past_query_wait_timeout_is_said_as_a_full_pool_not_postgres_unreachable(
+        pg_admin_url: str, pg_url: str) -> None:
+    """PgBouncer whose server connections for a database are all held (its pool_size reached, by
+    long transactions or too small a pool) ends a query that waited past its query_wait_timeout:
+    PgBouncer and Postgres are both up. A publish through it fails with DependencyError (an outage
+    to retry) that keeps PgBouncer's words and says what to change, never "cannot reach Postgres
+    ... check that the server is running"."""
+    bouncer = start_pgbouncer(pg_admin_url, pool_size=1, query_wait_timeout=1)
+    try:
+        url = through(bouncer, pg_url)
+        with psycopg.connect(url) as held:  # its transaction holds the pool's one server connection
+            held.execute("SELECT 1")
+            with settings_through(url), pytest.raises(DependencyError) as caught:
+                api.publish("news:waiting", {"n": 1})
+    finally:
+        bouncer.stop()
+    message = str(caught.value)
+    assert "query_wait_timeout" in message and "PgBouncer" in message, message
+    assert "default_pool_size" in message, message
+    assert "cannot reach" not in message and "that the server is running" not in message, message
+
+
 @pytest.mark.parametrize("setting", ["max_client_conn", "max_db_client_connections", "max_user_client_connections"])
 def test_each_pgbouncer_client_limit_is_said_as_a_full_pooler_naming_that_limit(setting: str) -> None:
     """PgBouncer 1.24 added client limits per database and per user, refused in other words than

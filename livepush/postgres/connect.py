@@ -185,7 +185,20 @@ _POOLER_FULL = re.compile(r"no more connections allowed \((max_client_conn)\)"
                           r"|client connections exceeded \((max_db_client_connections|max_user_client_connections)\)")
 
 
+# What PgBouncer says when a client's query waited past its query_wait_timeout for a server
+# connection of the pool (database and user) that every one of them is held in: up, and full.
+_POOL_WAIT = re.compile(r"\bquery_wait_timeout\b")
+
+
 def unreachable(url: str, exc: BaseException) -> DependencyError:
+    if _POOL_WAIT.search(str(exc)):
+        # Postgres and PgBouncer are both up: the pool's server connections were all held that
+        # long, by transactions that run long or by more clients than the pool has connections.
+        return DependencyError(
+            f"PgBouncer at {redact(url)} is up but gave no server connection within its query_wait_timeout "
+            f"({_reason(url, exc)}): every one of its pool for this database and user was held; raise its "
+            "default_pool_size (or the database's pool_size), or find the long transactions holding them in "
+            "pg_stat_activity and keep them short")
     full = _POOLER_FULL.search(str(exc))
     if full:
         # Postgres behind it may have slots to spare: what to change is the pooler's limit, or how

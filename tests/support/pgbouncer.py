@@ -80,7 +80,8 @@ class PgBouncer:
 
 
 def _config(pg_host: str, pg_port: int, port: int, pool_mode: str, folder: Path, user: str,
-            max_prepared_statements: int | None, max_client_conn: int) -> str:
+            max_prepared_statements: int | None, max_client_conn: int, pool_size: int,
+            query_wait_timeout: int | None) -> str:
     lines = [
         "[databases]",
         # Any database name a client asks for goes to the same name on the test PostgreSQL.
@@ -94,20 +95,24 @@ def _config(pg_host: str, pg_port: int, port: int, pool_mode: str, folder: Path,
         f"admin_users = {user}",
         f"pool_mode = {pool_mode}",
         f"max_client_conn = {max_client_conn}",
-        "default_pool_size = 20",
+        f"default_pool_size = {pool_size}",
         f"logfile = {folder / 'pgbouncer.log'}",
         f"pidfile = {folder / 'pgbouncer.pid'}",
     ]
     if max_prepared_statements is not None:
         lines.append(f"max_prepared_statements = {max_prepared_statements}")
+    if query_wait_timeout is not None:
+        lines.append(f"query_wait_timeout = {query_wait_timeout}")
     return "\n".join(lines) + "\n"
 
 
 def start_pgbouncer(admin_url: str, *, pool_mode: str = "transaction",
-                    max_prepared_statements: int | None = None, max_client_conn: int = 500) -> PgBouncer:
+                    max_prepared_statements: int | None = None, max_client_conn: int = 500,
+                    pool_size: int = 20, query_wait_timeout: int | None = None) -> PgBouncer:
     """PgBouncer in `pool_mode` (transaction or session) in front of the PostgreSQL at `admin_url`,
-    on a free port, taking at most `max_client_conn` clients at once; returns once a client can
-    run a query through it."""
+    on a free port, taking at most `max_client_conn` clients at once, with `pool_size` server
+    connections per database and user, for which a query waits `query_wait_timeout` seconds at
+    most (PgBouncer's default, 120, when None); returns once a client can run a query through it."""
     binary = pgbouncer_binary()
     info = psycopg.conninfo.conninfo_to_dict(admin_url)
     user = str(info.get("user") or "postgres")
@@ -116,7 +121,7 @@ def start_pgbouncer(admin_url: str, *, pool_mode: str = "transaction",
     port = free_port()
     (folder / "pgbouncer.ini").write_text(_config(str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432),
                                                   port, pool_mode, folder, user, max_prepared_statements,
-                                                  max_client_conn))
+                                                  max_client_conn, pool_size, query_wait_timeout))
     (folder / "userlist.txt").write_text(f'"{user}" ""\n')
     cmd = [binary, str(folder / "pgbouncer.ini")]
     if os.geteuid() == 0:
