@@ -195,7 +195,7 @@ async def execute(
                 task.uncancel()
             return timeout_failure(fn, ctx)
         if isinstance(exc, BaseExceptionGroup) and exc.split(JobCancelled)[1] is None:
-            return _gave_up(ctx, fn.name, _first(exc))  # raised in its tasks (an asyncio.TaskGroup)
+            return _gave_up(ctx, fn.name, first_raised(exc))  # raised in its tasks (an asyncio.TaskGroup)
         if _used_a_coroutine(exc):
             try:
                 ctx._forgotten(fn.name, exc)  # a ctx call's coroutine, its `await` forgotten, used as its result
@@ -334,10 +334,10 @@ def _never_retried_in_group(exc: BaseException, never: tuple[type[BaseException]
     if not isinstance(exc, BaseExceptionGroup):
         return None
     found = exc.subgroup(lambda e: _never_retried(e, never))
-    return None if found is None else _first(found)
+    return None if found is None else first_raised(found)
 
 
-def _first(exc: BaseException) -> BaseException:
+def first_raised(exc: BaseException) -> BaseException:
     """The first error in `exc` that is not a group: what a task raised inside nested
     asyncio.TaskGroups, each wrapping it in a group of its own (`exc` itself if it is no group)."""
     while isinstance(exc, BaseExceptionGroup):

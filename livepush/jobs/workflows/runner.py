@@ -32,7 +32,7 @@ from ..errors import (GroupLimitError, InvalidArgumentsError, InvalidResultError
 from ..groups import building, steps
 from ..groups.transactions import ain_tx, in_tx
 from ..runtime.context import SyncJobContext
-from ..runtime.executor import refuse_coroutine
+from ..runtime.executor import first_raised, refuse_coroutine
 from ..runtime.threads import call_in_thread
 from . import engine
 from . import queries as wq
@@ -57,12 +57,6 @@ def _reason(reason: Any) -> str | None:
     if reason is None:
         return None
     return storable_text(str(reason))[:1000]
-
-
-def _first_leaf(group: BaseExceptionGroup[FlowVerb | Reattempt]) -> FlowVerb | Reattempt:
-    """The first verb of a group of verbs, however deeply nested (task groups inside task groups)."""
-    first = group.exceptions[0]
-    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _kind(kind: str) -> str:
@@ -272,10 +266,10 @@ class Runner:
             verbs, rest = group.split((FlowVerb, Reattempt))
             if verbs is None or rest is not None:
                 raise
-            first = _first_leaf(verbs)
-            if isinstance(first, Reattempt):
-                raise first from None
-            return _verb_result(spec, first)
+            first = first_raised(verbs)  # however deeply nested (task groups in task groups)
+            if isinstance(first, FlowVerb):
+                return _verb_result(spec, first)
+            raise first from None  # a Reattempt, the split's only other kind
 
     def refused_output(self, flow: Workflow, step: str, result: Any) -> Exception | None:
         """For a result of run_step() the runtime's JSON check refused: the error naming the step and
