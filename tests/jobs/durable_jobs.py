@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import os
 import threading
@@ -125,6 +126,21 @@ async def bad_result(ctx: Any, where: str) -> Any:
         # Past one message to Postgres as the test lowers its limit (args.SENDABLE).
         await ctx.checkpoint("long", body, ctx, "long", "x" * 150_000)
     return {"when": datetime.datetime.now()}
+
+
+@dataclasses.dataclass
+class Row:
+    id: int
+
+
+UNPLAIN = {"a set": lambda: {"ids": {3, 1}}, "bytes": lambda: {"ids": b"\x01"},
+           "a dataclass": lambda: {"ids": Row(1)}, "a datetime": lambda: {"ids": datetime.datetime.now()}}
+
+
+@jobs.job(name="d.unplain_checkpoint", max_attempts=3)
+async def unplain_checkpoint(ctx: Any, what: str) -> Any:
+    """A checkpoint whose result holds a value JSON has no place for (the test chooses which)."""
+    return await ctx.checkpoint("fetch", UNPLAIN[what])
 
 
 @jobs.job(name="d.unfit_input", max_attempts=1)

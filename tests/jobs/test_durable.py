@@ -353,6 +353,27 @@ async def test_a_result_that_is_not_json_fails_naming_the_path(durable_db: str, 
     assert failed.attempt == 1
 
 
+@pytest.mark.parametrize("what, says", [
+    ("a set", 'result["ids"] is a set: checkpoint results are plain JSON (str, int, float, bool, None, list, dict '
+              'with str keys); use a list (sorted(value)) instead'),
+    ("bytes", 'result["ids"] is a bytes: checkpoint results are plain JSON (str, int, float, bool, None, list, dict '
+              'with str keys); use text (base64) or a reference to where the bytes are kept instead'),
+    ("a dataclass", 'result["ids"] is a Row: checkpoint results are plain JSON (str, int, float, bool, None, list, '
+                    'dict with str keys); use a dict (dataclasses.asdict(value)) instead'),
+    ("a datetime", 'result["ids"] is a datetime: checkpoint results are plain JSON (str, int, float, bool, None, '
+                   'list, dict with str keys); use an ISO string (value.isoformat()) instead'),
+])
+async def test_a_checkpoint_result_that_is_not_json_says_what_to_use_for_what_it_is(
+        durable_db: str, what: str, says: str) -> None:
+    """The error of a result JSON cannot hold says what to use instead, for the value it names: a
+    list for a set, not "an id or an ISO string", which fits a datetime only."""
+    async with running():
+        h = await dj.unplain_checkpoint.aenqueue(what)
+        failed = await wait_state(h.id, "failed")
+    assert failed.error == f"InvalidResultError: checkpoint 'fetch' {says}", failed.error
+    assert failed.attempt == 1
+
+
 async def test_a_checkpoint_result_too_large_to_store_fails_the_job_at_once(durable_db: str) -> None:
     """A checkpoint result larger than Postgres stores in a jsonb value fails the job at once with
     InvalidResultError naming the checkpoint: every retry would run its body again (its side effects

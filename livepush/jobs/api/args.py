@@ -10,6 +10,9 @@ arguments the job's function cannot take (arity, refuse_arity).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import datetime
+import decimal
 import inspect
 import json
 import math
@@ -79,8 +82,24 @@ def _check(value: Any, path: str, depth: int, error: type[Exception] = InvalidAr
         return
     raise error(
         f"{path} is {_describe(value)}: {what} are plain JSON (str, int, float, bool, None, "
-        "list, dict with str keys); pass an id or an ISO string instead"
+        f"list, dict with str keys); use {_instead(value)} instead"
     )
+
+
+def _instead(value: Any) -> str:
+    """What plain JSON stands in for `value`: advice for a datetime ("an ISO string") misleads
+    the author of a set or a dataclass."""
+    if isinstance(value, (datetime.date, datetime.time)):  # a datetime is a date
+        return "an ISO string (value.isoformat())"
+    if isinstance(value, AbstractSet):
+        return "a list (sorted(value))"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "text (base64) or a reference to where the bytes are kept"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return "a dict (dataclasses.asdict(value))"
+    if isinstance(value, decimal.Decimal):
+        return "a str (str(value)) or an int of the smallest unit"
+    return "an id, or a dict of the fields that matter"
 
 
 def _is_plain(value: Any, depth: int) -> bool:
