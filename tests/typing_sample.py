@@ -55,6 +55,8 @@ async def report(ctx: jobs.JobContext, import_id: int) -> None:
     if group is not None:  # an on_finish callback: the finished group's counts
         assert_type(group.succeeded, int)
         group.succeded  # error: [attr-defined]
+    await ctx.checkpoint("total", sum, [1, 2])
+    await ctx.checkpoint("total", sum, [1, 2], start=1)  # error: [arg-type]
 
 
 @jobs.periodic("*/5 * * * *", timezone="UTC", queue="maintenance")

@@ -151,6 +151,11 @@ async def unfit_input(ctx: Any, how: str) -> Any:
     return await ctx.checkpoint("charge", lambda: 2, input=unfit)
 
 
+def charge(cents: int, key: str = "") -> dict[str, Any]:
+    """A payment call that takes its idempotency key by keyword, as such APIs often do."""
+    return {"cents": cents, "key": key}
+
+
 @jobs.job(name="d.misused", max_attempts=1)
 async def misused(ctx: Any, how: str) -> Any:
     """A durable call given what it does not take (the test chooses which)."""
@@ -160,6 +165,8 @@ async def misused(ctx: Any, how: str) -> Any:
         return await ctx.run_children(child.request(1))
     if how == "a child that is a function":
         return await ctx.run_child(child)
+    if how == "keyword arguments":
+        return await ctx.checkpoint("charge", charge, 1250, key="k-7")
     return await ctx.checkpoint("not callable", 5)
 
 
@@ -167,6 +174,8 @@ async def misused(ctx: Any, how: str) -> Any:
 def misused_sync(ctx: Any, how: str) -> Any:
     if how == "children of an int":
         return ctx.run_children(5)
+    if how == "keyword arguments":
+        return ctx.checkpoint("charge", charge, 1250, key="k-7")
     return ctx.checkpoint("not callable", 5)
 
 
@@ -198,7 +207,7 @@ async def forgets_await(ctx: Any, how: str) -> str:
 
 
 MISUSES = ("input not JSON", "empty name", "empty name in a task group", "negative sleep", "sleep of a str", "negative timeout", "not callable",
-           "children of an int", "own ValueError", "jobs.signal of an empty name")
+           "keyword arguments", "children of an int", "own ValueError", "jobs.signal of an empty name")
 
 
 async def misuse(ctx: Any, how: str) -> Any:
@@ -223,6 +232,8 @@ async def misuse(ctx: Any, how: str) -> Any:
         return await ctx.wait_for_signal("go", timeout=-5)
     if how == "not callable":
         return await ctx.checkpoint("not callable", 5)
+    if how == "keyword arguments":
+        return await ctx.checkpoint("charge", charge, 1250, key="k-7")
     if how == "children of an int":
         return await ctx.run_children(5)
     if how == "jobs.signal of an empty name":
@@ -241,6 +252,8 @@ def misuse_sync(ctx: Any, how: str) -> Any:
         return ctx.sleep("nap", -1)
     if how == "not callable":
         return ctx.checkpoint("not callable", 5)
+    if how == "keyword arguments":
+        return ctx.checkpoint("charge", charge, 1250, key="k-7")
     return ctx.run_children(5)
 
 

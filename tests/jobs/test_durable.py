@@ -528,12 +528,16 @@ async def test_an_input_that_cannot_be_fingerprinted_fails_naming_its_checkpoint
     (dj.misused, "checkpoint", "ctx.checkpoint('not callable', fn, *args) takes a function to call, got int 5"),
     (dj.misused_sync, "children of an int", "ctx.run_children() takes a list of job requests"),
     (dj.misused_sync, "checkpoint", "ctx.checkpoint('not callable', fn, *args) takes a function to call, got int 5"),
+    (dj.misused, "keyword arguments", "ctx.checkpoint('charge', fn, *args) passes fn its arguments by position only, "
+                                      "got key=: pass functools.partial(fn, key=...) as fn"),
+    (dj.misused_sync, "keyword arguments", "passes fn its arguments by position only, got key=: pass functools.partial"),
 ])
 async def test_a_durable_call_given_what_it_does_not_take_fails_naming_it(
         durable_db: str, job: Any, how: str, says: str) -> None:
     """run_children() of something that is not a list of requests, run_child() of a function, a
-    checkpoint of something that cannot be called: the job fails with ArgumentTypeError saying
-    what the call takes, not with Python's "'int' object is not iterable"."""
+    checkpoint of something that cannot be called or given keyword arguments for its function: the
+    job fails with ArgumentTypeError saying what the call takes, not with Python's "'int' object is
+    not iterable" or "got an unexpected keyword argument"."""
     async with running():
         h = await job.aenqueue(how)
         failed = await wait_state(h.id, "failed")
@@ -612,7 +616,7 @@ async def test_a_durable_call_made_wrongly_fails_the_job_at_once(durable_db: str
     assert bodies(durable_db, h.id) == ["first", "between"]
 
 
-@pytest.mark.parametrize("how", ["negative sleep", "not callable", "children of an int"])
+@pytest.mark.parametrize("how", ["negative sleep", "not callable", "keyword arguments", "children of an int"])
 async def test_a_sync_jobs_durable_call_made_wrongly_fails_the_job_at_once(durable_db: str, how: str) -> None:
     """The same in a sync job, whose durable calls go through the sync ctx."""
     async with running():

@@ -20,7 +20,7 @@ import contextlib
 import contextvars
 import heapq
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
@@ -92,12 +92,20 @@ def check_name(name: Any, what: str) -> str:
     return name
 
 
-def check_callable(name: Any, fn: Any) -> None:
+def check_callable(name: Any, fn: Any, keywords: Mapping[str, Any]) -> None:
     """Checked before the lookup, on every run: a replay would hide the mistake until the first run
-    that stores, where Python's own TypeError names neither the call nor the checkpoint."""
+    that stores, where Python's own TypeError names neither the call nor the checkpoint. Keywords
+    for `fn` (as asyncio.to_thread passes them) are refused here too, rather than by Python's
+    TypeError, which a retry would meet again after running the code between steps."""
     if not callable(fn):
         raise durable_call_refusal(ArgumentTypeError(f"ctx.checkpoint({name!r:.80}, fn, *args) takes a function "
                                                      f"to call, got {type(fn).__name__} {fn!r:.60}"))
+    if keywords:
+        got = ", ".join(f"{k}=" for k in keywords)
+        given = ", ".join(f"{k}=..." for k in keywords)
+        raise durable_call_refusal(ArgumentTypeError(
+            f"ctx.checkpoint({name!r:.80}, fn, *args) passes fn its arguments by position only, got {got}: "
+            f"pass functools.partial(fn, {given}) as fn"))
 
 
 def children_asked(requests: Any) -> list[JobRequest]:
@@ -322,8 +330,9 @@ class DurableRun:
         self._used.discard((kind, name))
         self._reload = self._reload or maybe_stored
 
-    async def checkpoint(self, name: Any, fn: Callable[..., Any], *args: Any, input: Any = NO_INPUT) -> Any:
-        check_callable(name, fn)
+    async def checkpoint(self, name: Any, fn: Callable[..., Any], *args: Any, input: Any = NO_INPUT,
+                         **keywords: Any) -> Any:
+        check_callable(name, fn, keywords)
         found, value, fingerprint = await self.lookup(name, input)
         if found:
             return value

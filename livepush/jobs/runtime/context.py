@@ -17,7 +17,7 @@ import math
 import time
 from datetime import datetime
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Never, Protocol
 
 from ...postgres.text import storable_text
 from ..errors import InvalidProgressError, InvalidResultError, JobCancelled
@@ -155,15 +155,17 @@ class JobContext:
         return self._durable
 
     def checkpoint(self, name: str, fn: Callable[..., Any], *args: Any,
-                   input: Any = NO_INPUT) -> Coroutine[Any, Any, Any]:
+                   input: Any = NO_INPUT, **keywords: Never) -> Coroutine[Any, Any, Any]:
         """Run `fn(*args)` (sync or async) once for this job, whatever the replays: the first
         success stores its result (JSON), every later run returns that without calling `fn`.
         `input=`: its fingerprint is stored too, and a replay given a different one raises
-        CheckpointInputConflict before `fn` runs."""
-        return self._track(self._checkpoint(name, fn, *args, input=input), f"ctx.checkpoint({name!r:.60})")
+        CheckpointInputConflict before `fn` runs. Keywords for `fn` are refused (typed Never, so
+        that a type checker says so too): pass functools.partial(fn, ...)."""
+        return self._track(self._checkpoint(name, fn, *args, input=input, **keywords),
+                           f"ctx.checkpoint({name!r:.60})")
 
-    async def _checkpoint(self, name: str, fn: Callable[..., Any], *args: Any, input: Any) -> Any:
-        return await self._durable_calls.checkpoint(name, fn, *args, input=input)
+    async def _checkpoint(self, name: str, fn: Callable[..., Any], *args: Any, input: Any, **keywords: Any) -> Any:
+        return await self._durable_calls.checkpoint(name, fn, *args, input=input, **keywords)
 
     def run_child(self, request: JobRequest) -> Coroutine[Any, Any, Any]:
         """Run a child job (`some_job.request(*args)`, on this job's queue unless the request names
@@ -414,11 +416,12 @@ class SyncJobContext:
                             "run ends here; the job was given back or will be rescued, and runs again as its "
                             "retries allow")
 
-    def checkpoint(self, name: str, fn: Callable[..., Any], *args: Any, input: Any = NO_INPUT) -> Any:
+    def checkpoint(self, name: str, fn: Callable[..., Any], *args: Any, input: Any = NO_INPUT,
+                   **keywords: Never) -> Any:
         """JobContext.checkpoint, blocking; `fn` runs in this thread (an async `fn` on the loop)."""
         from ..durable.run import check_callable
 
-        check_callable(name, fn)
+        check_callable(name, fn, keywords)
         durable = self._inner._durable_calls
         found, value, fingerprint = self._call(durable.lookup(name, input))
         if found:
