@@ -646,7 +646,7 @@ async def test_a_job_returning_a_coroutine_fails_at_once_saying_how_to_fix_it(jo
                                                                               error: str) -> None:
     """A job that returns a coroutine unrun (its decorator's wrapper is sync, or it forgot an
     await) fails at once, without retries, with an error that says what happened and what to
-    change, not one about JSON results ("pass an id or an ISO string instead")."""
+    change, not one about JSON results ("job results are plain JSON ...")."""
     async with running() as rt:
         h = await getattr(sample_jobs, job).aenqueue()
         await wait_state(h.id, "failed")
