@@ -419,6 +419,27 @@ def test_a_schema_that_refuses_the_tick_fails_at_decoration() -> None:
     assert fine(lambda ctx, tick: None).name == "tests.periodic.str_tick"
 
 
+def test_a_refused_periodic_declaration_registers_no_job_under_its_name() -> None:
+    """A declaration its schema= or concurrency= refuses leaves nothing behind: no runtime or
+    drain() runs the refused job, and its name stays free for the corrected declaration (another
+    function, as a notebook's next cell is), which was refused as taken by the refused one."""
+
+    def sweep(ctx: Any, tick: str) -> None:
+        pass
+
+    def corrected(ctx: Any, tick: str) -> None:
+        pass
+
+    for options in ({"schema": {"type": "array", "prefixItems": [{"type": "integer"}]}},
+                    {"concurrency": ("tick", 1)}):
+        with pytest.raises(jobs.InvalidScheduleError):
+            jobs.periodic("*/5 * * * *", queue="periodic-in-process", name="tests.periodic.refused",
+                          **options)(sweep)
+        assert jobs.REGISTRY.find("tests.periodic.refused") is None
+    fixed = jobs.periodic("*/5 * * * *", queue="periodic-in-process", name="tests.periodic.refused")(corrected)
+    assert jobs.REGISTRY.find("tests.periodic.refused") is fixed
+
+
 def test_a_concurrency_keyed_on_the_tick_fails_at_decoration_saying_how_to_run_one_at_a_time() -> None:
     """Each tick is its own value, so concurrency= on it never holds a run back: a user who meant
     "one at a time" got overlapping runs and no word. A parameter with a default keys them all alike."""

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any, Concatenate
 
 from ..api.functions import FP, FR, OPTIONS, JobFunction, job
-from ..api.registry import Registry
+from ..api.registry import REGISTRY, Registry
 from ...errors import ArgumentTypeError
 from ...usercode import cannot_take
 from ..errors import InvalidArgumentsError, InvalidScheduleError
@@ -158,7 +158,7 @@ def periodic(cron: str, *, timezone: str = "UTC",
         raise ArgumentTypeError(f"periodic {cron!r}: unknown options {sorted(unknown)}: @jobs.periodic takes "
                                 f"timezone= and @jobs.job's options ({', '.join(sorted(OPTIONS))}); enqueue "
                                 "options such as tags= and key= do not apply to a periodic job")
-    declare = job(**options)  # checks the job options now, at import, as @jobs.job does
+    job(**options)  # checks the job options now, at import, as @jobs.job does
 
     def decorate(func: Callable[Concatenate[Any, FP], FR]) -> JobFunction[FP, FR]:
         if isinstance(func, JobFunction):
@@ -168,9 +168,12 @@ def periodic(cron: str, *, timezone: str = "UTC",
                                        "registers the job itself, so use it alone, with @jobs.job's options "
                                        f"(@jobs.periodic({cron!r}, queue=...))")
         _check_signature(cron, func)
-        fn = declare(func)
+        # Registered only once every check passed: a refused declaration left its job registered,
+        # run by drain() and holding its name against the corrected one.
+        fn: JobFunction[FP, FR] = JobFunction(func, **options)
         _check_schema(fn, parsed)
         _check_concurrency(fn, parsed)
+        REGISTRY.add(fn)
         SCHEDULES.add(Schedule(fn, parsed))
         return fn
 
