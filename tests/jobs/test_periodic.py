@@ -400,6 +400,17 @@ def test_a_function_that_takes_no_tick_fails_at_decoration() -> None:
         jobs.periodic("* * * * *", queue="periodic-in-process")(lambda ctx: None)
 
 
+def test_a_function_with_a_parameter_the_tick_leaves_unfilled_fails_naming_it() -> None:
+    """A function that takes (ctx, tick) and more is called with the tick alone: the error names
+    what is left unfilled and how to fix it, not only the (ctx, tick) it does take."""
+
+    def sweep(ctx: Any, tick: str, region: str) -> None:
+        pass
+
+    with pytest.raises(jobs.InvalidScheduleError, match=r"must take \(ctx, tick\).*'region'.*default"):
+        jobs.periodic("* * * * *", queue="periodic-in-process", name="tests.periodic.unfilled")(sweep)
+
+
 def test_job_options_are_checked_as_jobs_job_checks_them() -> None:
     with pytest.raises(TypeError, match="unknown options"):
         jobs.periodic("* * * * *", colour="blue")

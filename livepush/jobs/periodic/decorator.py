@@ -116,9 +116,13 @@ def _when(schedule: Schedule) -> tuple[str, str]:
 
 
 def _check_signature(cron: str, func: Callable[..., Any]) -> None:
-    if cannot_take(func, None, "tick") is not None:
+    why = cannot_take(func, None, "tick")
+    if why is not None:
+        # Python's reason names what is wrong ("missing a required argument: 'region'"): a function
+        # that takes (ctx, tick) and more was told only that it must take (ctx, tick).
         raise InvalidScheduleError(f"periodic {cron!r}: {getattr(func, '__qualname__', func)!r} must take "
-                                   "(ctx, tick): the tick is passed as its one argument")
+                                   f"(ctx, tick): the tick is passed as its one argument ({why}); give any "
+                                   "other parameter a default")
 
 
 def _check_schema(fn: JobFunction[..., Any], cron: Cron) -> None:
