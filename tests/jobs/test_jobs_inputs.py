@@ -417,8 +417,11 @@ async def test_a_job_argument_given_by_keyword_is_refused_naming_its_position(jo
         fn.request("acme", account_id=7)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentsError, match=r"^enqueue\(\) has no option delay=: its options are wait=, "):
         fn.enqueue("acme", delay=5)  # type: ignore[arg-type]
-    with pytest.raises(InvalidArgumentsError, match=r"^request\(\) has no option key=: its options are queue="):
-        fn.request("acme", key="k")  # type: ignore[arg-type]
+    # An enqueue option given to request(), for a batch item: the item's options dict is where it goes.
+    for option in ("key", "tags", "wait", "at"):
+        with pytest.raises(InvalidArgumentsError, match=rf"^request\(\) has no option {option}=: its options are "
+                           rf"queue=.*\(job, \[args\], \{{'{option}': \.\.\.\}}\)"):
+            fn.request("acme", **{option: None})
     with pytest.raises(InvalidArgumentsError, match=r"enqueue\(\) has no option queue=.*: "
                        r"jobs\.enqueue_many\(\[job\.request\(\.\.\., queue=\.\.\.\)\]\)"):
         fn.enqueue("acme", queue="urgent")  # type: ignore[arg-type]

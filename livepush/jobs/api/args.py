@@ -362,6 +362,11 @@ _ELSEWHERE = {
     "debounce": "; debounce= is for single enqueues, job.enqueue(..., key=, debounce=): a group's member is never "
                 "debounced",
 }
+# Enqueue options, refused only by request(), which carries none: a batch item takes them in its
+# options dict. Celery's signature (task.s()) carried them, so they were looked for there.
+_ELSEWHERE.update({option: f"; a request carries no enqueue options: a batch item that needs {option}= is a "
+                           f"(job, [args], {{'{option}': ...}}) tuple in jobs.enqueue_many()"
+                   for option in ("key", "tags", "wait", "at")})
 
 
 def refuse_arity(name: str, takes: tuple[int, int], given: int) -> None:
