@@ -730,6 +730,21 @@ async def test_ticks_missed_while_no_runtime_ran_are_enqueued_once(jobs_db: str,
     assert info is not None and info.args == [newest.isoformat()] and info.queue == "periodic-in-process"
 
 
+async def test_a_paused_queues_periodic_job_is_still_enqueued_at_its_tick(jobs_db: str,
+                                                                         pool: AsyncConnectionPool[Any]) -> None:
+    """A pause stops the claims, not the schedule: the tick's job is enqueued and waits for the
+    resume, its argument naming the tick it was for."""
+    schedule = declare(five_minutes_far_from_a_tick(jobs_db))
+    q(jobs_db, "INSERT INTO livepush_periodic (name, last_tick) VALUES (%s, now() - interval '1 hour')",
+      (schedule.name,))
+    assert jobs.pause_queue("periodic-in-process")
+    done = await Scheduler([schedule]).round(pool)
+    newest = schedule.cron.latest_due(db_now(jobs_db)).isoformat()
+    assert [e.tick for e in done.enqueued] == [newest]
+    info = jobs.get_job(done.enqueued[0].job_id)
+    assert info is not None and info.state == "available" and info.args == [newest]
+
+
 async def test_many_rounds_at_once_enqueue_a_tick_once(jobs_db: str, pool: AsyncConnectionPool[Any]) -> None:
     """Twenty rounds of separate schedulers at the same moment (as many runtimes would): one job per tick."""
     schedules = [declare("* * * * * */1"), declare("*/5 * * * *")]
