@@ -11,6 +11,7 @@ import pytest
 
 from livepush import ConfigError, jobs
 from livepush.jobs import InvalidArgumentsError
+from livepush.jobs.api.schema import DRAFT
 from tests.jobs.conftest import q
 
 ROW = {"type": "object", "required": ["email"], "additionalProperties": False,
@@ -69,6 +70,14 @@ def test_an_invalid_schema_fails_at_decoration() -> None:
         jobs.job(name="t.bad_schema", schema={"type": "nonsense"})(lambda ctx: None)
     with pytest.raises(ConfigError, match="draft 2020-12"):
         jobs.job(name="t.old_schema", schema={"$schema": "http://json-schema.org/draft-07/schema#"})(lambda ctx: None)
+    # A part pasted from an older schema with its $schema line: its own draft's rules would check
+    # that part (draft-07's `dependencies` applied, where 2020-12 has none), the rest 2020-12's.
+    old_part = {"$schema": "http://json-schema.org/draft-07/schema#", "dependencies": {"a": ["b"]}}
+    with pytest.raises(ConfigError, match=r"draft 2020-12.*draft-07.*in a subschema"):
+        jobs.job(name="t.old_part", schema={"prefixItems": [old_part]})(lambda ctx, person: None)
+    # One that declares 2020-12, or a property named $schema, is no other draft.
+    same = {"$schema": DRAFT, "type": "object", "properties": {"$schema": {"type": "string"}}}
+    jobs.job(name="t.same_part", schema={"prefixItems": [same]})(lambda ctx, person: None)
     with pytest.raises(ConfigError, match="is a dict"):
         jobs.job(name="t.list_schema", schema=[1])(lambda ctx: None)
 

@@ -74,6 +74,24 @@ def _resolver_of(schema: Any) -> tuple[Any, Any]:
     return SPECIFICATIONS.with_resource(uri=base, resource=root).resolver(base_uri=base), root
 
 
+def _other_draft(schema: Any) -> Any:
+    """The first $schema that a subschema of `schema` declares other than draft 2020-12, else None.
+    The validator checks such a part by its own draft's rules (a pasted draft-07 part's
+    `dependencies` applied, where 2020-12 has none) while the meta-schema check read it as 2020-12.
+    Walked by keyword, so a property named "$schema" is no declaration."""
+    from referencing.jsonschema import DRAFT202012
+
+    pending = list(DRAFT202012.create_resource(schema).subresources())
+    while pending:
+        resource = pending.pop()
+        if isinstance(resource.contents, Mapping):
+            declared = resource.contents.get("$schema", DRAFT)
+            if not isinstance(declared, str) or declared.rstrip("#") != DRAFT:
+                return declared
+        pending.extend(resource.subresources())
+    return None
+
+
 _NOWHERE = ("points nowhere (refs reach the schema's own $defs and ids, or the JSON Schema meta-schemas: "
             "nothing is fetched)")
 
@@ -250,6 +268,11 @@ def compile_schema(schema: Any, job_name: str) -> Callable[[list[Any]], None]:
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         raise ConfigError(f"@jobs.job(schema=...) of {job_name} is not a valid JSON Schema: at {where}: "
                           f"{exc.message}") from None
+    other = _other_draft(schema)
+    if other is not None:
+        raise ConfigError(f"@jobs.job(schema=...) of {job_name}: schemas are draft 2020-12 ($schema {DRAFT!r}), "
+                          f"got $schema {other!r:.80} in a subschema: drop that $schema line (and rewrite what "
+                          "its draft spells otherwise, such as `dependencies`)")
     bad = _bad_ref(schema)
     if bad is not None:
         raise ConfigError(f"@jobs.job(schema=...) of {job_name}: $ref {bad[0]!r} {bad[1]}")
