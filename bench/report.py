@@ -85,7 +85,7 @@ class Context:
 
     pg_admin_url: str  # a superuser URL; suites make scratch databases on this server
     redis_url: str
-    quick: bool  # the whole harness under 3 minutes instead of 20
+    quick: bool  # the whole harness under 3 minutes instead of 13 to 27 (bench/README.md)
     workdir: str  # a scratch directory for logs and sockets, removed at the end
     bench_python: str | None  # the bench-only virtualenv's python (competitors), if present
 

@@ -125,7 +125,8 @@ async def apublish(topic: Topic, data: JSON, *, conn: Any = None) -> Offset:
 def publish_many(messages: Iterable[tuple[Topic, JSON]], *, conn: Any = None) -> list[Offset]:
     """Publish a batch of (topic, data) pairs in one go; their offsets, in batch order. A topic's
     messages of one batch are delivered in batch order. Every item is checked before anything
-    is published. Postgres: one transaction (conn's, with `conn=`); Redis: a script call per 1,000."""
+    is published. Postgres: one transaction (conn's, with `conn=`) of one statement per 1,000
+    messages or about 8 MiB; Redis: a script call per 1,000 messages or 4 MiB."""
     warn_if_on_event_loop("livepush.publish_many()", "livepush.apublish_many()")
     return default_fanout().publish_many(publishable_many(messages), conn=conn)
 

@@ -307,7 +307,7 @@ def migrate(url: str, runtime_role: str | None = None, *, lock_timeout: float | 
     `lock_timeout`: seconds a statement waits for a table's lock (0: as long as it takes); None:
     the role's own lock_timeout when it has one, else DEFAULT_LOCK_TIMEOUT. A try that waited that
     long, or that Postgres ended in a deadlock with the application, is rolled back whole and made
-    again after as long a pause, LOCK_RETRIES times in all (each said to `on_retry` in a line),
+    again after as long a pause, LOCK_RETRIES more times (each said to `on_retry` in a line),
     then SchemaBusyError names the sessions holding the lock."""
     tries = 0
     while True:
