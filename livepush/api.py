@@ -161,6 +161,7 @@ def latest_offset(topic: Topic) -> Offset:
 
 
 async def alatest_offset(topic: Topic) -> Offset:
+    """latest_offset() for async code."""
     return await default_fanout().alatest_offset(_message_topic(topic, _NO_OFFSET))
 
 

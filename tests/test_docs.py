@@ -951,6 +951,17 @@ def test_the_error_trees_name_every_error_their_module_defines() -> None:
     assert not missing, missing
 
 
+def test_every_function_of_the_public_api_says_what_it_does() -> None:
+    """Each function `livepush`, `livepush.jobs` and `jobs.workflows` export has a docstring, an
+    async twin's naming its sync one: `help(jobs.acancel)` and an editor's hover said nothing,
+    where `help(jobs.aretry_failed)` said whose twin it was."""
+    import inspect
+
+    bare = [f"{module.__name__}.{name}" for module in (livepush, jobs, jobs.workflows) for name in module.__all__
+            if inspect.isfunction(function := getattr(module, name)) and not inspect.getdoc(function)]
+    assert not bare, bare
+
+
 def test_every_keyword_of_the_public_functions_is_in_the_docs() -> None:
     """Each optional argument of a function `livepush` or `livepush.jobs` exports is written
     `name=` somewhere in the docs: a caller can learn of every argument the code takes."""

@@ -50,6 +50,7 @@ def cancel(job_id: int) -> bool:
 
 @awaited("jobs.acancel()")
 async def acancel(job_id: int) -> bool:
+    """cancel() for async code."""
     return bool(await _acancel(checked_id(job_id, "job_id")))
 
 

@@ -518,4 +518,5 @@ def many(items: Iterable[Any], call: str = "enqueue_many") -> Batch:
 
 @awaited("jobs.aenqueue_many()")
 async def aenqueue_many(items: Iterable[Any], *, conn: Any = None) -> list[JobHandle]:
+    """enqueue_many() for async code; `conn=` takes a psycopg AsyncConnection."""
     return await arun_batch(many(items, "aenqueue_many"), conn, call="aenqueue_many")

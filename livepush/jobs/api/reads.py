@@ -62,6 +62,7 @@ def get_job(job_id: int) -> JobInfo | None:
 
 
 async def aget_job(job_id: int) -> JobInfo | None:
+    """get_job() for async code."""
     job_id = checked_id(job_id, "job_id")
     async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(queries.JOB_INFOS, {"ids": [job_id]})
@@ -102,6 +103,7 @@ def list_tagged(tag: str, *, limit: int = 100, unfinished: bool = False, before:
 
 async def alist_tagged(tag: str, *, limit: int = 100, unfinished: bool = False,
                        before: int | None = None) -> list[JobInfo]:
+    """list_tagged() for async code."""
     params = tagged_params(tag, limit, unfinished, before)
     async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(queries.TAGGED_JOBS, params)
@@ -135,6 +137,7 @@ def list_failed(queue: str | None = None, *, name: str | None = None, limit: int
 
 async def alist_failed(queue: str | None = None, *, name: str | None = None, limit: int = 100,
                        before: int | None = None) -> list[JobInfo]:
+    """list_failed() for async code."""
     params = failed_params(queue, name, limit, before)
     async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(queries.FAILED_JOBS, params)

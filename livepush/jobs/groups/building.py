@@ -369,6 +369,7 @@ def create_group(on_finish: JobRequest | None = None, on_success: JobRequest | N
 async def acreate_group(on_finish: JobRequest | None = None, on_success: JobRequest | None = None,
                         on_failure: JobRequest | None = None, *, conn: Any = None,
                         shards: int = DEFAULT_SHARDS) -> GroupHandle:
+    """create_group() for async code; `conn=` takes a psycopg AsyncConnection."""
     cbs, n = _callbacks(on_finish, on_success, on_failure), _shards(shards)
     with _callbacks_stored():
         made = await ain_tx(lambda: _create_steps(cbs, n), conn)
@@ -466,6 +467,7 @@ async def aadd_many_to_group(group_id: int, items: Iterable[Any], *, conn: Any =
 async def aadd_to_group(group_id: int, fn: JobSpec | JobRequest, *args: Any, wait: Seconds | None = None,
                         at: datetime | None = None, conn: Any = None, key: str | None = None,
                         tags: Sequence[str] | None = None, **unknown: Never) -> JobHandle:
+    """add_to_group() for async code; `conn=` takes a psycopg AsyncConnection."""
     group_id = _group_id(group_id)
     batch = _one(group_id, fn, args, wait, at, key, tags, "aadd_to_group", unknown)
     with batch.stored_whole("aadd_to_group"):
@@ -491,5 +493,6 @@ def seal_group(group_id: int, *, conn: Any = None) -> bool:
 
 @awaited("jobs.aseal_group()")
 async def aseal_group(group_id: int, *, conn: Any = None) -> bool:
+    """seal_group() for async code; `conn=` takes a psycopg AsyncConnection."""
     group_id = _group_id(group_id)
     return await ain_tx(lambda: _seal_steps(group_id), conn)

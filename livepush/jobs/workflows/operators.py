@@ -118,21 +118,25 @@ def skip(run_id: int, step: str, *, actor: str | None = None, reason: str | None
 
 @awaited("jobs.workflows.apause()")
 async def apause(run_id: int, *, actor: str | None = None, reason: str | None = None) -> bool:
+    """pause() for async code."""
     return await _averb(run_id, "pause", None, actor, reason)
 
 
 @awaited("jobs.workflows.aresume()")
 async def aresume(run_id: int, *, actor: str | None = None, reason: str | None = None) -> bool:
+    """resume() for async code."""
     return await _averb(run_id, "resume", None, actor, reason)
 
 
 @awaited("jobs.workflows.acancel()")
 async def acancel_run(run_id: int, *, actor: str | None = None, reason: str | None = None) -> bool:
+    """cancel() for async code."""
     return await _averb(run_id, "cancel", None, actor, reason)
 
 
 @awaited("jobs.workflows.askip()")
 async def askip(run_id: int, step: str, *, actor: str | None = None, reason: str | None = None) -> bool:
+    """skip() for async code."""
     return await _averb(run_id, "skip", check_name(step, "skip()"), actor, reason)
 
 
@@ -269,6 +273,7 @@ def signal(run_id: int, name: str, data: Any = None, *, actor: str | None = None
 @awaited("jobs.workflows.asignal()")
 async def asignal_run(run_id: int, name: str, data: Any = None, *, actor: str | None = None,
                       key: str | None = None) -> None:
+    """signal() for async code."""
     run_id, name = _run_id(run_id), check_name(name, "signal()")
     text, actor = encode(data, "data", InvalidArgumentsError, "signal data"), _text(actor, "actor")
     key = check_key(key, "jobs.workflows.signal(key=)")
