@@ -837,6 +837,37 @@ def test_every_livepush_command_line_the_docs_show_parses() -> None:
     assert checked > 15 and not wrong, wrong
 
 
+def _all_flags(parser: Any) -> set[str]:
+    """Every option string `parser` takes, its subcommands' included (`token session --ttl`)."""
+    flags = set()
+    for action in parser._actions:
+        flags |= set(action.option_strings)
+        if action.__class__.__name__ == "_SubParsersAction":
+            for sub in action.choices.values():
+                flags |= _all_flags(sub)
+    return flags
+
+
+def test_every_flag_the_prose_gives_a_livepush_command_is_one_it_takes() -> None:
+    """A `livepush CMD ... --flag` the prose writes (`livepush status --json`, `livepush jobs
+    myapp.jobs --concurrency 16`) names a flag CMD itself takes: the check of ```sh blocks
+    above reads no inline code, where a flag given to the wrong command (`status --workers`)
+    would only show as a reader's exit 2."""
+    parsers = _parsers()
+    wrong, checked = [], 0
+    for page in [*PAGES, *sorted((ROOT / "examples").glob("*/README.md"))]:
+        text = FENCE.sub("", page.read_text())
+        for span in re.finditer(r"`livepush ([a-z]+)((?: [^`]*)?)`", text):
+            command, rest = span.groups()
+            if command not in parsers:  # a log line (`livepush serving on ...`), not a command
+                continue
+            for flag in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", rest):
+                checked += 1
+                if flag not in _all_flags(parsers[command]):
+                    wrong.append(f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, span.start()) + 1}: {span.group(0)}")
+    assert checked > 30 and not wrong, wrong
+
+
 def test_every_table_function_and_channel_the_docs_name_is_livepushs() -> None:
     """A `livepush_*` name in the docs (a table, an SQL function, a notification channel, a metric)
     is one the migrations or the code define, or a metric family /metrics serves: an operator who
