@@ -104,6 +104,23 @@ def test_the_settings_tables_name_every_setting_livepush_reads_and_no_other() ->
                                f"read, not documented: {sorted(read - reference)}")
 
 
+def test_every_livepush_variable_the_pages_name_is_one_something_reads() -> None:
+    """A `LIVEPUSH_*` name anywhere in the pages (prose, examples, comments; not only the tables
+    above) is read by livepush (its Django settings included) or by a script of bin/ (`bin/test`'s
+    `LIVEPUSH_TEST_WORKERS`): a reader who sets one the page misspells, or one renamed since,
+    changes nothing and is told nothing. A name quoted as what a warning says of a misspelling
+    (`LIVEPUSH_SESSION_TIMEOUT: did you mean ...`) is the example of one."""
+    sources = [*(ROOT / "livepush").rglob("*.py"), *(p for p in (ROOT / "bin").iterdir() if p.is_file())]
+    read = {name for source in sources for name in re.findall(r"\b(LIVEPUSH_[A-Z_]*[A-Z])\b", source.read_text())}
+    unread = []
+    for page in [*PAGES, *sorted((ROOT / "examples").glob("*/README.md"))]:
+        text = page.read_text()
+        for name in re.finditer(r"\b(LIVEPUSH_[A-Z_]*[A-Z])\b(?!: did you mean)", text):
+            if name.group(1) not in read:
+                unread.append(f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, name.start()) + 1}: {name.group(1)}")
+    assert not unread, unread
+
+
 def test_frameworks_gives_every_setting_the_django_integration_reads_and_its_ttls_default() -> None:
     """The Django settings livepush reads (its only settings not in the environment, so not in the
     tables above) are each named in frameworks.md, which names no other, and the session TTL's
