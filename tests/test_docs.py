@@ -812,12 +812,59 @@ def test_every_file_of_the_repository_the_docs_name_exists() -> None:
     # What a command writes, named as its output: not in the repository until it runs.
     written = {"bench/report.json"}
     missing = []
-    for page in [*PAGES, *sorted((ROOT / "examples").glob("*/README.md"))]:
+    for page in [*PAGES, ROOT / "bench" / "README.md", *sorted((ROOT / "examples").glob("*/README.md"))]:
         text = page.read_text()
         for path in re.findall(r"(?<![\w./-])((?:livepush|sql|bench|bin|client_js|examples)/[\w./*-]*\w)", text):
             if path not in written and not list(ROOT.glob(path)):
                 missing.append(f"{page.relative_to(ROOT)}: {path}")
     assert not missing, missing
+
+
+def _argparse_defaults(script: Path) -> dict[str, Any]:
+    """Each flag a script's argparse takes (those hidden from --help aside), with its default:
+    read from its source, since importing a bench script would start its work."""
+    flags = {}
+    for call in ast.walk(ast.parse(script.read_text())):
+        if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "add_argument"
+                and call.args and isinstance(call.args[0], ast.Constant) and str(call.args[0].value).startswith("--")):
+            keywords = {k.arg: k.value for k in call.keywords}
+            if "help" in keywords and "SUPPRESS" in ast.unparse(keywords["help"]):
+                continue
+            default = keywords.get("default")
+            flags[call.args[0].value] = ast.literal_eval(default) if isinstance(default, ast.Constant) else None
+    return flags
+
+
+def test_the_bench_page_gives_the_suites_and_flags_of_bin_bench_and_the_soak() -> None:
+    """bench/README.md's table of suites is `bench/harness.py`'s SUITES, each with its module; the
+    flags it gives `bin/bench` are the harness's; its list of `bench/soak.py`'s flags is the
+    soak's, all of them, each with its default where the list gives a number; and the modules it
+    names are in bench/: bench/README.md is no page the checks above read."""
+    page = (ROOT / "bench" / "README.md").read_text()
+    harness = ast.parse((ROOT / "bench" / "harness.py").read_text())
+    suites = next(ast.literal_eval(node.value) for node in harness.body if isinstance(node, ast.Assign)
+                  and any(isinstance(target, ast.Name) and target.id == "SUITES" for target in node.targets))
+    table = dict(re.findall(r"^\| `(\w+)` \| `(\w+)\.py` \|", page, re.M))
+    assert table == suites, f"bench/README.md's suites {table}; bench/harness.py's {suites}"
+
+    wrong = []
+    bench = _argparse_defaults(ROOT / "bench" / "harness.py")
+    for line in re.findall(r"^bin/bench(.*)$", page, re.M):
+        wrong += [f"bin/bench {flag}" for flag in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", line.split("#")[0])
+                  if flag not in bench]
+    soak = _argparse_defaults(ROOT / "bench" / "soak.py")
+    listed = re.search(r"^Flags: (.*?)\.\n", page, re.M | re.S)
+    assert listed, "bench/README.md: no \"Flags: ...\" list of soak.py's flags"
+    given = dict(re.findall(r"`(--[a-z-]+)(?: ([^`]*))?`", listed.group(1)))
+    if set(given) != set(soak):
+        wrong.append(f"soak.py's flags: the page lists {sorted(given)}, soak.py takes {sorted(soak)}")
+    for flag, value in given.items():
+        if re.fullmatch(r"[\d.]+", value) and flag in soak and float(value) != soak[flag]:
+            wrong.append(f"soak.py {flag}: the page gives {value}, its default is {soak[flag]}")
+    # Its modules, named from bench/ (`_clients.py`, `competitors/*_driver.py`): files there.
+    wrong += [f"bench/{name}" for name in re.findall(r"`([\w/*]+\.py)`", page)
+              if not name.startswith("bench/") and not list((ROOT / "bench").glob(name))]
+    assert not wrong, wrong
 
 
 def test_every_topic_the_examples_sign_for_a_page_expires() -> None:
