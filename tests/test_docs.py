@@ -1185,13 +1185,18 @@ def test_every_test_the_docs_cite_exists() -> None:
     assert missing == ["docs/jobs.md: test_signup_sends_mail"], missing
 
 
+def _anchors(page: Path) -> set[str]:
+    """The anchors of `page`'s headings, as GitHub makes them (`## 3. Commands` is `3-commands`)."""
+    prose = FENCE.sub("", page.read_text())
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.*)$", prose, re.M)}
+
+
 def test_the_docs_point_at_nothing_outside_the_repository() -> None:
     """Links are to files (and headings) of the repository; a URL names only a host that stands
     for the reader's own (example.com, localhost)."""
     wrong = []
     for page in PAGES:
         text = page.read_text()
-        headings = {}
         for target in re.findall(r"\]\(([^)\s]+)\)", text):
             path, _, anchor = target.partition("#")
             if re.match(r"\w+:", path):
@@ -1200,17 +1205,33 @@ def test_the_docs_point_at_nothing_outside_the_repository() -> None:
             file = (page.parent / path).resolve() if path else page
             if not file.exists():
                 wrong.append(f"{page.relative_to(ROOT)}: {target} is no file")
-            elif anchor:
-                if file not in headings:
-                    prose = FENCE.sub("", file.read_text())
-                    headings[file] = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
-                                      for h in re.findall(r"^#+ (.*)$", prose, re.M)}
-                if anchor not in headings[file]:
-                    wrong.append(f"{page.relative_to(ROOT)}: {target} names no heading")
+            elif anchor and anchor not in _anchors(file):
+                wrong.append(f"{page.relative_to(ROOT)}: {target} names no heading")
         for host in re.findall(r"\b(?:https?|wss?)://(?:[^@/\s]*@)?([\w.-]+)", text):
             if not EXAMPLE_HOSTS.match(host) and host not in ("host", "HOST"):
                 wrong.append(f"{page.relative_to(ROOT)}: {host}")
     assert not wrong, wrong
+
+
+def test_every_page_and_heading_the_code_and_docs_name_in_words_exists() -> None:
+    """A `docs/<page>.md#<heading>` written as text, not as a link (a docstring or comment sending a
+    reader to the page that explains it, `docs/architecture.md#the-connection-core`; a page
+    naming another in prose or in a table), names a page and a heading it has: the link check
+    above reads only links, and only the docs."""
+    sources = [*PAGES, ROOT / "bench" / "README.md",
+               *(p for folder in ("livepush", "tests", "bench", "client_js", "examples") for p in (ROOT / folder).rglob("*")
+                 if p.suffix in (".py", ".js", ".ts", ".md", ".html") and "node_modules" not in p.parts),
+               *(p for p in (ROOT / "bin").iterdir() if p.is_file())]
+    wrong, checked = [], 0
+    for source in sources:
+        text = source.read_text()
+        for named in re.finditer(r"(?<![\w/.-])((?:docs/)?[\w-]+\.md|client_js/README\.md)#([\w-]+)", text):
+            path, anchor = named.groups()
+            page = next((p for p in (ROOT / path, ROOT / "docs" / path, source.parent / path) if p.is_file()), None)
+            checked += 1
+            if page is None or anchor not in _anchors(page):
+                wrong.append(f"{source.relative_to(ROOT)}:{text.count(chr(10), 0, named.start()) + 1}: {named.group(0)}")
+    assert checked > 100 and not wrong, wrong
 
 
 # ---- The examples a reader copies run as written ------------------------------------------------
