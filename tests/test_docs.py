@@ -867,6 +867,41 @@ def test_the_bench_page_gives_the_suites_and_flags_of_bin_bench_and_the_soak() -
     assert not wrong, wrong
 
 
+def test_the_architecture_layout_names_every_module_of_each_folder_it_lists() -> None:
+    """architecture.md's layout of livepush/ ("each folder is one part, each module one role")
+    names every module, and every package, of each folder it lists the contents of, and none
+    that is gone: a newcomer looking for where a role lives (`repeats.py`, `postgres/savepoints.py`,
+    both left out of it) reads that layout first."""
+    tree = re.search(r"^```\n(livepush/\n.*?)^```", (ROOT / "docs" / "architecture.md").read_text(), re.M | re.S)
+    assert tree, "docs/architecture.md: no layout of livepush/"
+    listed: dict[str, set[str]] = {}
+    folder: str | None = None
+    for line in tree.group(1).splitlines()[1:]:
+        if not line.startswith(" "):  # sql/, client_js/: outside livepush/
+            folder = None
+            continue
+        named = re.match(r"^  (\w+)/(.*)$", line)
+        if named:
+            folder, rest = named.groups()
+        elif re.match(r"^  \w+\.py", line):  # livepush/'s own modules
+            folder, rest = "", line
+        else:  # a folder's line that goes on
+            rest = line
+        if folder is not None:
+            listed.setdefault(folder, set()).update(re.findall(r"(?<![\w/])(\w+\.py|\w+/)(?=\s|$)", rest))
+    wrong = []
+    for name, names in listed.items():
+        if not names:  # demo/: a folder described, not listed
+            continue
+        where = ROOT / "livepush" / name
+        have = {p.name for p in where.glob("*.py") if p.name not in ("__init__.py", "__main__.py")}
+        if name:
+            have |= {p.name + "/" for p in where.iterdir() if (p / "__init__.py").is_file()}
+        wrong += [f"livepush/{name}/{module}: not in the layout".replace("//", "/") for module in sorted(have - names)]
+        wrong += [f"livepush/{name}/{module}: in the layout, not in livepush/".replace("//", "/") for module in sorted(names - have)]
+    assert len(listed) > 5 and not wrong, wrong
+
+
 def test_every_topic_the_examples_sign_for_a_page_expires() -> None:
     """A `sign_topic()` call in an example (what a reader copies into a page's view) passes a `ttl`:
     security.md says always to, since a signed topic without one is a capability for ever."""
