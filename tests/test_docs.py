@@ -293,7 +293,9 @@ def test_the_docs_give_the_lengths_and_counts_the_jobs_api_keeps_and_takes() -> 
 
 def test_the_reference_and_help_give_each_range_the_code_checks() -> None:
     """Where the code refuses a setting outside a range, reference §2 states that range; where
-    `livepush jobs` refuses a flag outside one, reference §3 and --help state it."""
+    `livepush jobs` refuses a flag outside one, reference §3, --help and jobs.md's list of the
+    ranges state it: jobs.md gave `--retention` as any positive number, and none but jobs.md gave
+    `--shutdown-timeout`'s."""
     from livepush import config
     from livepush.cli.workers import MAX_WORKERS
     from livepush.jobs.runtime import runtime
@@ -314,6 +316,7 @@ def test_the_reference_and_help_give_each_range_the_code_checks() -> None:
         "--heartbeat": f"from {runtime.MIN_BEAT:g} to {runtime.MAX_HEARTBEAT:g}",
         "--poll-interval": f"from {runtime.MIN_BEAT:g} to {runtime.MAX_HEARTBEAT:g}",
         "--retention": f"at most {runtime.MAX_RETENTION:.0f}",
+        "--shutdown-timeout": "0 or more",
     }
     rows = _table_rows(section("docs/reference.md", "2. Configuration"))
     wrong = [f"reference §2, {name}: not {said!r}" for name, said in settings.items() if said not in " ".join(rows[name])]
@@ -326,6 +329,11 @@ def test_the_reference_and_help_give_each_range_the_code_checks() -> None:
             wrong.append(f"reference §3, {flag}: not {said!r}")
         if said not in " ".join((actions[flag].help or "").split()):
             wrong.append(f"livepush jobs --help, {flag}: not {said!r}")
+    ranges = re.search(r"^- `--heartbeat` and `--poll-interval` take seconds (.*?) exits 2",
+                       (ROOT / "docs" / "jobs.md").read_text(), re.M | re.S)
+    assert ranges, "docs/jobs.md: no list of the ranges `livepush jobs` takes"
+    listed = " ".join(ranges.group(1).split())
+    wrong += [f"jobs.md, {flag}: not {said!r}" for flag, said in flags.items() if flag != "--concurrency" and said not in listed]
     assert not wrong, wrong
 
 

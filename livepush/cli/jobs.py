@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="jobs run at once, from 1 to 100000 (default 10)")
     parser.add_argument("--shutdown-timeout", type=flags.seconds, metavar="S", default=DEFAULT_SHUTDOWN_TIMEOUT,
                         help="seconds the jobs in hand get to finish on SIGTERM before they are given back "
-                             f"(default {DEFAULT_SHUTDOWN_TIMEOUT:g})")
+                             f"(default {DEFAULT_SHUTDOWN_TIMEOUT:g}; 0 or more)")
     parser.add_argument("--heartbeat", type=flags.seconds, metavar="S", default=10.0,
                         help="seconds between heartbeats; three missed beats and the runtime is dead "
                              "(default 10; from 0.01 to 86400)")
