@@ -69,6 +69,12 @@ CLOSE_INTERNAL_ERROR = 1011
 # Frames a client may send while its subscribe is being served before its reads are paused.
 INBOX_FRAMES = 16
 
+# What of a read the protocol parses at once: a read past the frame budget waits as the bytes it
+# came in, not as parsed frames. A read holds up to 256 KiB, some 43,000 of the smallest frames (6
+# bytes), and each waited parsed as an object of about 130 bytes for the minutes the budget took
+# to serve them. At most 341 frames, fewer than the budget saves (limits.FRAME_BUDGET_SECONDS).
+FEED_BYTES = 2048
+
 # The longest unfinished request head line held back from the parser while the head is scanned
 # for its end (websockets refuses a longer one whatever it holds).
 LINE_KEPT = 8 * 1024
@@ -122,7 +128,7 @@ class Connection(asyncio.Protocol):
 
     __slots__ = ("core", "transport", "proto", "session", "topics", "closing", "paused", "out", "backlog", "seen",
                  "ping_at", "deadline", "stalled", "busy", "inbox", "partial", "line", "lengths", "start", "early",
-                 "pongs", "budget_at", "held", "refill", "_bad", "_subscribes", "_waiter")
+                 "pongs", "budget_at", "held", "unfed", "refill", "_bad", "_subscribes", "_waiter")
 
     def __init__(self, core: Core) -> None:
         self.core = core
@@ -152,6 +158,7 @@ class Connection(asyncio.Protocol):
         # is paid for; it may run FRAME_BUDGET_SECONDS ahead of the clock, no more.
         self.budget_at = 0.0
         self.held: list[Any] | None = None  # frames past the budget, read and not served yet
+        self.unfed: bytes | None = None  # and what came after them, not parsed yet (only while held)
         self.refill: asyncio.TimerHandle | None = None  # serves them once the budget is back
         self._bad: protocol.BadFrameWindow | None = None
         self._subscribes: TokenBucket | None = None
@@ -179,7 +186,8 @@ class Connection(asyncio.Protocol):
         """Whether the server has stopped reading this peer (INBOX_FRAMES wait for its subscribe,
         or frames past its budget wait for it to refill): its pongs then wait unread, and only its
         taking what is sent shows it alive."""
-        return self.held is not None or (self.inbox is not None and len(self.inbox) >= INBOX_FRAMES)
+        return (self.held is not None or self.unfed is not None
+                or (self.inbox is not None and len(self.inbox) >= INBOX_FRAMES))
 
     @property
     def backlog_bytes(self) -> int:
@@ -267,10 +275,9 @@ class Connection(asyncio.Protocol):
                     self._answer_no_request()
                     return
             data = self._up_to_request_end(data)
-        proto = self.proto
-        proto.receive_data(data)
-        events = proto.events_received()
-        if self.core.is_opening(self):
+            proto = self.proto
+            proto.receive_data(data)
+            events = proto.events_received()
             if not events and not self.closing:
                 if isinstance(proto.handshake_exc, InvalidMessage):
                     self._answer_unreadable(proto.handshake_exc.__cause__)
@@ -281,23 +288,56 @@ class Connection(asyncio.Protocol):
                 self.start = b""  # the parser read the request: only a refusal before that needs it
                 self.core.request_received(self, events)
             return
+        if self.held is not None:  # read before its reads paused: it comes after what waits
+            self.unfed = data if self.unfed is None else self.unfed + data
+            return
+        self._feed(data)
+        if self.held is not None:  # (not each refill of one pause: it stays paused through them)
+            metrics.FRAME_BUDGET_PAUSES.inc()
+
+    def _feed(self, data: bytes) -> None:
+        """Parse and serve `data`, FEED_BYTES at a time: once a part takes the client past its
+        budget, the rest waits unparsed in `unfed` until the frames held are served (_refilled)."""
+        proto = self.proto
+        # Bytes fed since the last part that completed a frame: charged with the next one, as a
+        # read's bytes are charged whole when it holds a frame (a large frame spans many parts).
+        uncharged = 0
+        charged = False
+        for at in range(0, len(data), FEED_BYTES):
+            part = data[at:at + FEED_BYTES] if len(data) > FEED_BYTES else data
+            proto.receive_data(part)
+            uncharged += len(part)
+            events = proto.events_received()
+            self._serve_events(events, uncharged)
+            if events:
+                uncharged, charged = 0, True
+            if self.held is not None:
+                rest = data[at + FEED_BYTES:]
+                if rest:
+                    self.unfed = rest
+                return
+        if charged and uncharged:  # the start of a frame the next read ends
+            self.budget_at += uncharged * FRAME_BYTE_SECONDS
+
+    def _serve_events(self, events: list[Any], size: int) -> None:
+        """Serve the frames parsed of `size` bytes the client sent, within its budget."""
+        proto = self.proto
         # The messages first, then what the protocol answers (pongs, a close answered, an error's
         # close, the EOF after it): a close that came in the same read as messages ends the
         # connection after their answers. Flushed first, the EOF went before them, and the next
         # write raised: a traceback in the log for any client, and the answers lost.
         if events and not self.closing:
-            # The frame budget, charged once a read: a few operations, on the sweep's clock. Only
-            # a read that takes a client past it costs more (_within_budget). A client that closed
-            # gets the rest of its last read served: its close is answered after them.
+            # The frame budget, charged once a read (once each FEED_BYTES of it): a few operations,
+            # on the sweep's clock. Only a read that takes a client past it costs more
+            # (_within_budget). A client that closed gets the rest of its last read served: its
+            # close is answered after them.
             now = self.core.now
             due = self.budget_at
             if due < now:
                 due = now
-            due += len(events) * FRAME_SECONDS + len(data) * FRAME_BYTE_SECONDS
+            due += len(events) * FRAME_SECONDS + size * FRAME_BYTE_SECONDS
             if due - now > FRAME_BUDGET_SECONDS and proto.state is OPEN:
                 events = self._within_budget(events, now)
-                if self.held is not None:  # (not each refill of one pause: it stays paused through them)
-                    metrics.FRAME_BUDGET_PAUSES.inc()
             else:
                 self.budget_at = due
             self.on_events(events)
@@ -480,6 +520,7 @@ class Connection(asyncio.Protocol):
 
     def _drop_held(self) -> None:
         self.held = None
+        self.unfed = None
         if self.refill is not None:
             self.refill.cancel()
             self.refill = None
@@ -515,6 +556,11 @@ class Connection(asyncio.Protocol):
             self._read_again()
         self.on_events(events)
         self.flush()
+        if self.held is None and self.unfed is not None and not self.closing:
+            unfed, self.unfed = self.unfed, None
+            self._feed(unfed)
+            if not self.unread:  # all of it served; or a close it caused, which must hear the answer
+                self._read_again()
 
     def _read_again(self) -> None:
         self.transport.resume_reading()

@@ -16,7 +16,7 @@ from livepush.server import limits
 from livepush.server.connection import Connection
 from tests.server.conftest import Served
 from tests.server.test_hostile_frames import warnings_in
-from tests.support.rawws import RawWS, text
+from tests.support.rawws import PING, RawWS, frame, text
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
@@ -125,3 +125,32 @@ async def test_a_page_at_its_subscription_limit_is_never_paused(served: Served, 
     assert past_budget == []
     assert metrics.FRAME_BUDGET_PAUSES._value.get() == pauses
     await client.close()
+
+
+@pytest.mark.parametrize("fanout_kind", ["local"])
+async def test_a_burst_of_the_smallest_frames_waits_for_its_budget_unparsed(
+        served: Served, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """64 KiB of empty WebSocket pings (6 bytes a frame, about 11,000 of them) in one write: while
+    the server serves them at the budget's rate it holds fewer parsed than a full budget's worth
+    (400), the rest as the bytes they came in, and it answers them in turn. Parsed all at once,
+    each waited as an object of about 130 bytes for the minute the budget took: twenty times what
+    the client sent, per connection, for as long."""
+    caplog.set_level(logging.DEBUG)
+    held: list[int] = []
+    within_budget = Connection._within_budget
+
+    def spy(conn: Connection, events: list[Any], now: float) -> list[Any]:
+        served_now = within_budget(conn, events, now)
+        held.append(len(conn.held or ()))
+        return served_now
+
+    monkeypatch.setattr(Connection, "_within_budget", spy)
+    flooder = await RawWS.open(served.server.port)
+    await flooder.send(frame(PING, b"") * (65536 // 6))
+    # More than the budget saves: answered through several of its refills.
+    heard = await flooder.until_pongs(2 * int(limits.FRAME_BUDGET_SECONDS / limits.FRAME_SECONDS), timeout=15)
+    assert not heard.ended and set(heard.pongs) == {b""}
+    assert held and 0 < max(held) < limits.FRAME_BUDGET_SECONDS / limits.FRAME_SECONDS, held
+    flooder.writer.transport.abort()
+    await async_wait_for(lambda: not served.server.clients, 5, message="the flooder to go")
+    assert not warnings_in(caplog), caplog.text

@@ -84,6 +84,14 @@ class RawWS:
                     answered = True
         return heard
 
+    async def until_pongs(self, count: int, *, timeout: float = 5.0) -> Heard:
+        """Read until `count` WebSocket pongs came, or the server's close; what came with them."""
+        heard = Heard()
+        async with asyncio.timeout(timeout):
+            while not heard.ended and len(heard.pongs) < count:
+                await self._read_one(heard, timeout)
+        return heard
+
     async def _read_one(self, heard: Heard, timeout: float) -> None:
         try:
             head = await asyncio.wait_for(self.reader.readexactly(2), timeout)
