@@ -395,9 +395,13 @@ def test_the_machines_own_zone_is_refused_at_decoration() -> None:
         declare("0 9 * * *", timezone="localtime")
 
 
-def test_a_function_that_takes_no_tick_fails_at_decoration() -> None:
-    with pytest.raises(jobs.InvalidScheduleError, match=r"must take \(ctx, tick\)"):
-        jobs.periodic("* * * * *", queue="periodic-in-process")(lambda ctx: None)
+def test_a_function_that_takes_no_tick_fails_at_decoration_without_advice_for_other_parameters() -> None:
+    """A function with no place for the tick has no other parameter to give a default: the advice
+    for one that takes the tick and more ("give any other parameter a default") does not fit it."""
+    for func in (lambda ctx: None, lambda: None):
+        with pytest.raises(jobs.InvalidScheduleError, match=r"must take \(ctx, tick\)") as caught:
+            jobs.periodic("* * * * *", queue="periodic-in-process")(func)
+        assert "default" not in str(caught.value), caught.value
 
 
 def test_a_function_with_a_parameter_the_tick_leaves_unfilled_fails_naming_it() -> None:

@@ -4,6 +4,7 @@ table of periodic jobs, `SCHEDULES`, that runtimes schedule from."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -117,12 +118,19 @@ def _when(schedule: Schedule) -> tuple[str, str]:
 
 def _check_signature(cron: str, func: Callable[..., Any]) -> None:
     why = cannot_take(func, None, "tick")
-    if why is not None:
-        # Python's reason names what is wrong ("missing a required argument: 'region'"): a function
-        # that takes (ctx, tick) and more was told only that it must take (ctx, tick).
-        raise InvalidScheduleError(f"periodic {cron!r}: {getattr(func, '__qualname__', func)!r} must take "
-                                   f"(ctx, tick): the tick is passed as its one argument ({why}); give any "
-                                   "other parameter a default")
+    if why is None:
+        return
+    fix = ""
+    try:
+        inspect.signature(func).bind_partial(None, "tick")  # read: cannot_take() read it
+    except TypeError:
+        pass  # no place for the tick (`def f(ctx)`): no other parameter a default would help
+    else:
+        # A place for the tick and more left unfilled: Python's reason names which ("missing a
+        # required argument: 'region'"), where (ctx, tick) alone, which it does take, misled.
+        fix = f" ({why}); give any other parameter a default"
+    raise InvalidScheduleError(f"periodic {cron!r}: {getattr(func, '__qualname__', func)!r} must take "
+                               f"(ctx, tick): the tick is passed as its one argument{fix}")
 
 
 def _check_schema(fn: JobFunction[..., Any], cron: Cron) -> None:
