@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import collections
 import datetime
+import enum
+import fractions
 import math
+import pathlib
+import types
+import uuid
 
 import pytest
 
@@ -51,6 +57,29 @@ def test_refused_values(args: tuple, fragment: str) -> None:
     with pytest.raises(InvalidArgumentsError) as info:
         check_args(args)
     assert fragment in str(info.value)
+
+
+class Plan(enum.Enum):
+    FREE = "free"
+
+
+@pytest.mark.parametrize(("value", "instead"), [
+    (uuid.UUID(int=7), "use a str (str(value)) instead"),
+    (datetime.timedelta(minutes=5), "use a number of seconds (value.total_seconds()) instead"),
+    (Plan.FREE, "use its value (value.value) instead"),
+    (pathlib.PurePosixPath("/srv/in.csv"), "use a str (str(value)) instead"),
+    (fractions.Fraction(1, 3), "use a float (float(value)) instead"),
+    (types.MappingProxyType({"a": 1}), "use a dict (dict(value)) instead"),
+    (collections.deque([1, 2]), "use a list (list(value)) instead"),
+    ((n for n in range(3)), "use a list (list(value)) instead"),
+])
+def test_a_value_json_cannot_hold_is_refused_with_advice_that_fits_it(value: object, instead: str) -> None:
+    """The refusal says what stands in for the value it names: a UUID, an id already, was told to
+    use "an id, or a dict of the fields that matter", and so were a timedelta, a number that is
+    no int or float, a mapping that is no dict and a generator."""
+    with pytest.raises(InvalidArgumentsError) as info:
+        check_args((value,))
+    assert str(info.value).endswith(instead), info.value
 
 
 @pytest.mark.parametrize("args", [{"acme", 7}, frozenset({"acme", 7}), {"acme"}])

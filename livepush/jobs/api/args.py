@@ -13,9 +13,12 @@ import contextlib
 import dataclasses
 import datetime
 import decimal
+import enum
 import inspect
 import json
 import math
+import numbers
+import pathlib
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Set as AbstractSet
@@ -99,6 +102,25 @@ def _instead(value: Any) -> str:
         return "a dict (dataclasses.asdict(value))"
     if isinstance(value, decimal.Decimal):
         return "a str (str(value)) or an int of the smallest unit"
+    # An id or a quantity already: "an id" told a UUID's author to use what they had, and a
+    # timedelta has no fields to pick. uuid is loaded if a UUID was made: not imported for this.
+    uuid = sys.modules.get("uuid")
+    if isinstance(value, pathlib.PurePath) or (uuid is not None and isinstance(value, uuid.UUID)):
+        return "a str (str(value))"
+    if isinstance(value, datetime.timedelta):
+        return "a number of seconds (value.total_seconds())"
+    if isinstance(value, enum.Enum):
+        return "its value (value.value)"
+    if isinstance(value, numbers.Integral):  # numpy's int64 (its float64 is a float, and passes)
+        return "an int (int(value))"
+    if isinstance(value, numbers.Real):
+        return "a float (float(value))"
+    if isinstance(value, Mapping):
+        return "a dict (dict(value))"
+    if hasattr(value, "tolist"):  # a numpy array, whose list() would hold numpy scalars
+        return "a list (value.tolist())"
+    if isinstance(value, Iterable):  # a generator, a deque, a range
+        return "a list (list(value))"
     return "an id, or a dict of the fields that matter"
 
 
