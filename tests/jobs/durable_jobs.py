@@ -167,6 +167,8 @@ async def misused(ctx: Any, how: str) -> Any:
         return await ctx.run_child(child)
     if how == "keyword arguments":
         return await ctx.checkpoint("charge", charge, 1250, key="k-7")
+    if how == "input misspelt":
+        return await ctx.checkpoint("charge", charge, 1250, inputs={"cents": 1250})
     return await ctx.checkpoint("not callable", 5)
 
 

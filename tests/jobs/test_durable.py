@@ -531,6 +531,9 @@ async def test_an_input_that_cannot_be_fingerprinted_fails_naming_its_checkpoint
     (dj.misused, "keyword arguments", "ctx.checkpoint('charge', fn, *args) passes fn its arguments by position only, "
                                       "got key=: pass functools.partial(fn, key=...) as fn"),
     (dj.misused_sync, "keyword arguments", "passes fn its arguments by position only, got key=: pass functools.partial"),
+    # Its own input= misspelt is no keyword for fn: functools.partial would pass it on to charge().
+    (dj.misused, "input misspelt", "ctx.checkpoint('charge', fn, *args) takes input= (its fingerprint is compared "
+                                   "on a replay), got inputs=; a keyword for fn goes in functools.partial"),
 ])
 async def test_a_durable_call_given_what_it_does_not_take_fails_naming_it(
         durable_db: str, job: Any, how: str, says: str) -> None:

@@ -18,6 +18,7 @@ import asyncio
 import collections
 import contextlib
 import contextvars
+import difflib
 import heapq
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -101,6 +102,12 @@ def check_callable(name: Any, fn: Any, keywords: Mapping[str, Any]) -> None:
         raise durable_call_refusal(ArgumentTypeError(f"ctx.checkpoint({name!r:.80}, fn, *args) takes a function "
                                                      f"to call, got {type(fn).__name__} {fn!r:.60}"))
     if keywords:
+        misspelt = difflib.get_close_matches("input", keywords, n=1, cutoff=0.75)
+        if misspelt:
+            # Most likely the checkpoint's own input= misspelt (inputs=), which partial would pass to fn.
+            raise durable_call_refusal(ArgumentTypeError(
+                f"ctx.checkpoint({name!r:.80}, fn, *args) takes input= (its fingerprint is compared on a "
+                f"replay), got {misspelt[0]}=; a keyword for fn goes in functools.partial(fn, {misspelt[0]}=...)"))
         got = ", ".join(f"{k}=" for k in keywords)
         given = ", ".join(f"{k}=..." for k in keywords)
         raise durable_call_refusal(ArgumentTypeError(
