@@ -830,16 +830,26 @@ def test_every_file_of_the_repository_the_docs_name_exists() -> None:
 
 def _argparse_defaults(script: Path) -> dict[str, Any]:
     """Each flag a script's argparse takes (those hidden from --help aside), with its default:
-    read from its source, since importing a bench script would start its work."""
+    read from its source, since importing a bench script would start its work. A default written
+    as a module constant (`default=MINUTES`) or a negative number is read as its value; one no
+    literal gives (`os.path.join(...)`) is its source text, which no number equals."""
+    tree = ast.parse(script.read_text())
+    constants = {target.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+                 for target in node.targets if isinstance(target, ast.Name)}
     flags = {}
-    for call in ast.walk(ast.parse(script.read_text())):
+    for call in ast.walk(tree):
         if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "add_argument"
                 and call.args and isinstance(call.args[0], ast.Constant) and str(call.args[0].value).startswith("--")):
             keywords = {k.arg: k.value for k in call.keywords}
             if "help" in keywords and "SUPPRESS" in ast.unparse(keywords["help"]):
                 continue
             default = keywords.get("default")
-            flags[call.args[0].value] = ast.literal_eval(default) if isinstance(default, ast.Constant) else None
+            if isinstance(default, ast.Name):
+                default = constants.get(default.id, default)
+            try:
+                flags[call.args[0].value] = None if default is None else ast.literal_eval(default)
+            except ValueError:
+                flags[call.args[0].value] = ast.unparse(default)
     return flags
 
 
