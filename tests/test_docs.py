@@ -1108,6 +1108,11 @@ def test_every_function_of_the_public_api_says_what_it_does() -> None:
     bare = [f"{module.__name__}.{name}" for module in (livepush, jobs, jobs.workflows) for name in module.__all__
             if inspect.isfunction(function := getattr(module, name)) and not inspect.getdoc(function)]
     assert not bare, bare
+    # `apublish`'s "Async publish()" and `aget_job`'s "get_job() for async code" both name it.
+    unnamed = [f"{module.__name__}.{name}" for module in (livepush, jobs, jobs.workflows) for name in module.__all__
+               if name.startswith("a") and name[1:] in module.__all__ and inspect.isfunction(getattr(module, name))
+               and f"{name[1:]}()" not in (inspect.getdoc(getattr(module, name)) or "").split("\n")[0]]
+    assert not unnamed, f"async twins whose docstring's first line names no sync one: {unnamed}"
 
 
 def test_every_keyword_of_the_public_functions_is_in_the_docs() -> None:

@@ -333,7 +333,8 @@ def group(on_finish: JobRequest | None = None, on_success: JobRequest | None = N
 
 def agroup(on_finish: JobRequest | None = None, on_success: JobRequest | None = None,
            on_failure: JobRequest | None = None, *, conn: Any = None, shards: int = DEFAULT_SHARDS) -> GroupBuilder:
-    """`async with jobs.agroup(...) as g:`; `conn=` takes an AsyncConnection."""
+    """group() for async code: `async with jobs.agroup(...) as g:`; `conn=` takes a psycopg
+    AsyncConnection."""
     return GroupBuilder(on_finish, on_success, on_failure, conn, shards)
 
 
