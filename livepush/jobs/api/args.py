@@ -384,10 +384,12 @@ _ELSEWHERE = {
     "debounce": "; debounce= is for single enqueues, job.enqueue(..., key=, debounce=): a group's member is never "
                 "debounced",
 }
-# Enqueue options, refused only by request(), which carries none: a batch item takes them in its
-# options dict. Celery's signature (task.s()) carried them, so they were looked for there.
-_ELSEWHERE.update({option: f"; a request carries no enqueue options: a batch item that needs {option}= is a "
-                           f"(job, [args], {{'{option}': ...}}) tuple in jobs.enqueue_many()"
+# Enqueue options, refused only by request(), which carries none: the call that enqueues it takes
+# them (a group's, or a batch item's options dict). Celery's signature (task.s()) carried them, so
+# they were looked for there. A durable child or a fan-out member takes none at all.
+_ELSEWHERE.update({option: f"; a request carries no enqueue options: the call that enqueues it takes them "
+                           f"(g.enqueue(request, {option}=...)), and a jobs.enqueue_many() item that needs one is "
+                           f"a (job, [args], {{'{option}': ...}}) tuple"
                    for option in ("key", "tags", "wait", "at")})
 
 
