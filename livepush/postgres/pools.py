@@ -77,7 +77,7 @@ class _QuietHandBacks(logging.Filter):
              "rolling back returned connection: %s": psycopg.pq.TransactionStatus.INERROR}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        args, status = record.args, self.QUIET.get(record.msg)  # type: ignore[call-overload]
+        args, status = record.args, self.QUIET.get(record.msg)
         return not (status is not None and isinstance(args, tuple) and args
                     and _HANDED_BACK.get(args[0]) == status)
 

@@ -16,13 +16,13 @@ try:
 
     MODULE = "django.tasks"
 except ImportError:  # Django before 6.0: the backport
-    from django_tasks import TaskContext, TaskResult, TaskResultStatus, task_backends  # type: ignore[no-redef]
-    from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef]
-    from django_tasks.base import DEFAULT_TASK_PRIORITY, Task, TaskError  # type: ignore[no-redef]
-    from django_tasks.exceptions import InvalidTaskError as InvalidTask  # type: ignore[no-redef]
-    from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
-    from django_tasks.signals import task_enqueued, task_finished, task_started  # type: ignore[no-redef]
-    from django_tasks.utils import normalize_json  # type: ignore[no-redef]
+    from django_tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
+    from django_tasks.backends.base import BaseTaskBackend
+    from django_tasks.base import DEFAULT_TASK_PRIORITY, Task, TaskError
+    from django_tasks.exceptions import InvalidTaskError as InvalidTask
+    from django_tasks.exceptions import TaskResultDoesNotExist
+    from django_tasks.signals import task_enqueued, task_finished, task_started
+    from django_tasks.utils import normalize_json
 
     MODULE = "django_tasks"
 

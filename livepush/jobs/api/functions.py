@@ -379,8 +379,8 @@ class JobFunction(Generic[P, R]):
                        tags: Sequence[str] | None) -> JobHandle: ...
 
     # ignore: as request()'s.
-    @awaited(lambda fn: f"{fn.name}.aenqueue()")
-    async def aenqueue(  # type: ignore[misc]
+    @awaited(lambda fn: f"{fn.name}.aenqueue()")  # type: ignore[misc]
+    async def aenqueue(
         self, *args: Any, wait: Seconds | None = None, at: datetime | None = None, conn: Any = None,
         key: str | None = None, debounce: Seconds | None = None, tags: Sequence[str] | None = None,
         **unknown: Any,

@@ -205,7 +205,7 @@ def clear() -> None:
     statements = _clear_statements("clear")
     with database.connection() as conn:
         for statement in statements:
-            conn.execute(statement)  # type: ignore[arg-type]
+            conn.execute(statement)
 
 
 async def aclear() -> None:
@@ -213,4 +213,4 @@ async def aclear() -> None:
     statements = _clear_statements("aclear")
     async with database.aconnection() as conn:
         for statement in statements:
-            await conn.execute(statement)  # type: ignore[arg-type]
+            await conn.execute(statement)

@@ -23,7 +23,7 @@ def _read(sql: str, params: dict[str, Any] | None) -> list[dict[str, Any]]:
         return []
     with database.connection() as conn:
         with conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(sql, params)  # type: ignore[arg-type]
+            cur.execute(sql, params)
             return cur.fetchall()
 
 
@@ -32,7 +32,7 @@ async def _aread(sql: str, params: dict[str, Any] | None) -> list[dict[str, Any]
         return []
     async with database.aconnection() as conn:
         async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(sql, params)  # type: ignore[arg-type]
+            await cur.execute(sql, params)
             return await cur.fetchall()
 
 
