@@ -164,8 +164,8 @@ class Settings:
 
         database_url = get("LIVEPUSH_DATABASE_URL")
         database_url_setting = "LIVEPUSH_DATABASE_URL"
-        if database_url is None and get("DATABASE_URL"):
-            database_url, database_url_setting = get("DATABASE_URL"), "DATABASE_URL"
+        if database_url is None and (fallback := get("DATABASE_URL")):
+            database_url, database_url_setting = fallback, "DATABASE_URL"
             from .postgres.urls import check_url
 
             # Checked under its own name here: _validate() would name LIVEPUSH_DATABASE_URL, which

@@ -62,8 +62,13 @@ class _DefaultThreads(concurrent.futures.ThreadPoolExecutor):
             settled = self._settled if self.held == 0 else None
         if settled is not None:
             loop, waiter = settled
+
+            def settle() -> None:
+                if not waiter.done():
+                    waiter.set_result(None)
+
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
-                loop.call_soon_threadsafe(lambda: waiter.done() or waiter.set_result(None))
+                loop.call_soon_threadsafe(settle)
 
     async def settled(self, timeout: float) -> bool:
         """Whether every call has ended within `timeout` seconds."""

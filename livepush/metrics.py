@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -201,10 +202,10 @@ class DeliveryTally:
             self._lags, self._lag_sum = [0] * len(lags), 0.0
             # LAG's own bucket counters (prometheus_client keeps one per bound, not cumulative):
             # one add per bucket instead of one observe() per message.
-            for bucket, n in zip(LAG._buckets, lags):  # type: ignore[attr-defined]
+            for bucket, n in zip(LAG._buckets, lags):
                 if n:
                     bucket.inc(n)
-            LAG._sum.inc(total)  # type: ignore[attr-defined]
+            LAG._sum.inc(total)
 
 
 TALLY = DeliveryTally()
@@ -291,14 +292,14 @@ async def render(refreshers: Sequence[Refresher] = (), *, leave_out: frozenset[s
         running = _refreshing.get(key)
         if running is None:
             running = _refreshing[key] = asyncio.ensure_future(refresh())
-            running.add_done_callback(lambda f, key=key: _refresh_done(key, f))
+            running.add_done_callback(functools.partial(_refresh_done, key))
         try:
             await asyncio.wait_for(asyncio.shield(running), timeout=2.0)
         except Exception:  # a database that does not answer must not hang the scrape
             pass
     TALLY.flush()
     registry = _registry()
-    return generate_latest(_Without(registry, leave_out) if leave_out else registry)  # type: ignore[arg-type]
+    return generate_latest(_Without(registry, leave_out) if leave_out else registry)
 
 
 def _registry() -> CollectorRegistry:

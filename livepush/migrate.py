@@ -28,7 +28,8 @@ from psycopg import sql
 
 from .config import Settings
 from .errors import ConfigError, LivepushError, SchemaBusyError, SchemaError, first_line
-from .postgres.connect import aconnect, connect, redact, translated
+from .postgres.connect import aconnect, connect, translated
+from .postgres.urls import redact
 
 # An arbitrary constant: any process migrating livepush's schema takes this lock.
 MIGRATION_LOCK_KEY = 0x6C697665_70757368 & 0x7FFFFFFFFFFFFFFF  # "livepush"
@@ -398,7 +399,7 @@ def _migrate_once(url: str, runtime_role: str | None, lock_timeout: float | None
                 doing = f"for migration {migration.version:04d}_{migration.name}"
                 try:
                     with _may_create(url):
-                        conn.execute(migration.sql)  # type: ignore[arg-type]  # trusted files shipped with the package
+                        conn.execute(migration.sql)
                 except _LEFT_OVER as exc:
                     # The object is livepush's own, made by an earlier run whose record is gone (its tables
                     # dropped but not its functions, or the other way round): not Postgres failing.

@@ -7,7 +7,7 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias, overload
 
 JSON: TypeAlias = Any  # plain JSON: str, int, float, bool, None, list, dict[str, JSON]
 Topic: TypeAlias = str
@@ -17,6 +17,14 @@ Offset: TypeAlias = str  # opaque on the wire; comparable through offset_key()
 Seconds: TypeAlias = float | timedelta
 
 
+# Typed for the checker: a Seconds gives a float. At run time any value passes through (a user's
+# unchecked argument), to be refused by its own check.
+@overload
+def as_seconds(value: Seconds) -> float: ...
+@overload
+def as_seconds(value: Seconds | None) -> float | None: ...
+@overload
+def as_seconds(value: object) -> object: ...
 def as_seconds(value: Any) -> Any:
     """A `timedelta` given where livepush takes seconds, as its seconds; any other value as given.
     Every seconds-valued argument goes through here before its own check, which then refuses a

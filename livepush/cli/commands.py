@@ -10,13 +10,16 @@ import errno
 import json
 import os
 import sys
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import TYPE_CHECKING, Any
 
 from .. import config, stopsignals
 from ..errors import ConfigError, DependencyError, InvalidTopic, LivepushError, SchemaBusyError, SchemaError
 from . import flags, logs
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 EXIT_OK, EXIT_DEPENDENCY, EXIT_USAGE = 0, 1, 2
 # A read that a schema change held up (`livepush migrate` under way), or a migrate that a long
@@ -43,7 +46,7 @@ class _Parser(argparse.ArgumentParser):
     json_errors = False
 
     # The subcommands' parsers by name, on the top-level parser (build_parser() sets it).
-    commands: dict[str, argparse.ArgumentParser] = {}
+    commands: Mapping[str, argparse.ArgumentParser] = {}
 
     def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
@@ -58,7 +61,7 @@ class _Parser(argparse.ArgumentParser):
                                                    f"{_commas_instead(given, extras, command)}")
         return parsed
 
-    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
         # argparse drops a write's OSError, so `--help` to a full disk exited 0 with nothing
         # written: standard output gets what the printing commands get (stderr stays argparse's).
         if message and file is sys.stdout:
@@ -342,11 +345,12 @@ def cmd_token(args: argparse.Namespace) -> int:
     settings.require_secret()
     if args.kind == "session":
         from .. import sessions
+        from ..sessions.tokens import MAX_TTL
 
-        if args.ttl is not None and args.ttl > sessions.MAX_TTL:
+        if args.ttl is not None and args.ttl > MAX_TTL:
             # Refused here, naming the flag as typed: the API's refusal names its `ttl` parameter.
             # Every digit kept: `:g` wrote 31622401 as 3.16224e+07, which reads as the limit itself.
-            raise ConfigError(f"--ttl {args.ttl:.15g}: a session token lasts at most {sessions.MAX_TTL:.0f} seconds "
+            raise ConfigError(f"--ttl {args.ttl:.15g}: a session token lasts at most {MAX_TTL:.0f} seconds "
                               "(366 days): issue a new one when it ends")
         print(sessions.issue(args.value, ttl=args.ttl if args.ttl is not None else 86400))
     else:

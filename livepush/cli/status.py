@@ -22,7 +22,7 @@ from ..errors import DependencyError, LoginRefused
 from ..jobs import database
 from ..jobs.api.status import DEFAULT_LIMIT, MAX_LIMIT, Status, status
 from ..jobs.events.views import iso
-from ..postgres.connect import redact
+from ..postgres.urls import redact
 from ..postgres.listener import listening_backends
 from ..redis.client import deployment_prefix, listener_name
 from ..redis.subscriber import subscribed_clients

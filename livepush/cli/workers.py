@@ -70,6 +70,7 @@ def _cgroup_cpu_limit(root: Path, own_cgroup: Path) -> int | None:
     except OSError:
         return None
     limits: list[int] = []
+    files: tuple[str, ...]
     for line in lines:
         _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
         if controllers == "":  # v2: one tree

@@ -242,7 +242,7 @@ def _postmaster(pgdata: Path) -> Any:
 
 def _stop_unclaimed(folder: Path) -> None:
     """Stop the Postgres of `folder` if it runs and no demo uses it."""
-    from pgserver._commands import pg_ctl
+    from pgserver._commands import pg_ctl  # type: ignore[attr-defined]  # made at import, one per Postgres binary
 
     pgdata = _pgdata(folder)
     with _pgserver_lock():

@@ -177,7 +177,7 @@ class LocalFanOut(FanOut):
             if after > log.last or after < log.dropped_through:
                 return None  # an offset this topic never had, or one whose successors are gone
             cutoff = time.monotonic() - self.history_ttl
-            out = []
+            out: list[Message] = []
             used = 0
             last = after
             # Entries hold consecutive seqs (appended in order, dropped from the front), so the page

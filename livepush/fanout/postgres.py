@@ -344,6 +344,7 @@ def callers_connection(conn: Any, call: str) -> None:
     its caller closed before the call. A closed one that is not broken was closed on purpose (a
     publish after its `with` block): told "cannot reach Postgres", as a lost one is, an operator
     would check a server that is up."""
+    kind: type[psycopg.AsyncConnection[Any]] | type[psycopg.Connection[Any]]
     if call.startswith("a"):
         kind, other, other_kind = psycopg.AsyncConnection, call[1:], "a sync Connection"
     else:
@@ -630,6 +631,7 @@ class PostgresFanOut(FanOut):
                 pruned, _ = await self._prune_batch.run(PRUNE_BATCH, prune_messages)
                 row, stretch = await self._sweep_batch.run(PRUNE_BATCH, forget_idle)
         assert row is not None  # one row, whatever the stretch held
+        forgotten: int
         last, scanned, forgotten = row
         # A short stretch reached the end: the next call starts again from the first topic.
         self._sweep_after = last if scanned == stretch else ""

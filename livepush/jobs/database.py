@@ -13,7 +13,7 @@ import threading
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -65,6 +65,12 @@ def configured_url() -> str | None:
 
 def database_url() -> str:
     return _url or get_settings().require_database()
+
+
+def pool_url(pool: AsyncConnectionPool) -> str:
+    """The URL of one of livepush's pools: each is opened with a URL, never with a function that
+    gives one (which psycopg_pool's conninfo also takes)."""
+    return cast(str, pool.conninfo)
 
 
 def on_settings_database() -> bool:
@@ -190,7 +196,7 @@ def check_on_database(conn: Any, call: str | None = None) -> None:
 async def acheck_on_database(conn: Any, call: str | None = None, pool: AsyncConnectionPool | None = None) -> None:
     """check_on_database() for an AsyncConnection; `pool`: the jobs database's pool when it is not
     the process's (a runtime's own)."""
-    url = pool.conninfo if pool is not None else database_url()
+    url = pool_url(pool) if pool is not None else database_url()
     if _checked.get(conn) == url:
         return
     async with cursor_on(conn) as cur:
@@ -209,7 +215,7 @@ def _settle(conn: Any, url: str, theirs: tuple[Any, ...], call: str | None) -> N
         _checked[conn] = url
         return
     raise ArgumentValueError(
-        f"{other_database(f'{call}(conn=)' if call else 'conn=', theirs, ours, url)}, the jobs' database, where "  # type: ignore[arg-type]
+        f"{other_database(f'{call}(conn=)' if call else 'conn=', theirs, ours, url)}, the jobs' database, where "
         "the runtimes look for jobs: a job written there would never run. Pass a connection to the jobs' database "
         "(or leave conn= out), or point LIVEPUSH_DATABASE_URL (or jobs.configure()) at the connection's database, "
         "for the runtimes too")

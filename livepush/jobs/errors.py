@@ -151,7 +151,7 @@ class SignalTimeout(DurableError, TimeoutError):
 # of retrying it and running the code between its steps again. Marked rather than subclassed: the
 # job's error still names the ArgumentValueError or ArgumentTypeError the call is documented to raise.
 _REFUSED_DURABLE_CALLS: weakref.WeakSet[BaseException] = weakref.WeakSet()
-_Refusal = TypeVar("_Refusal", ArgumentValueError, ArgumentTypeError)
+_Refusal = TypeVar("_Refusal", bound=ArgumentValueError | ArgumentTypeError)
 
 
 def durable_call_refusal(exc: _Refusal) -> _Refusal:

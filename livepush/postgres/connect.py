@@ -22,7 +22,7 @@ from psycopg_pool import PoolTimeout
 
 from ..config import get_settings
 from ..errors import ArgumentValueError, ConfigError, DependencyError, LoginRefused, SchemaError, first_line
-from .urls import check_url, redact
+from .urls import check_url, fields, redact
 
 
 class _Unprepared(psycopg.Cursor[Any]):
@@ -58,9 +58,10 @@ def _reads_text_as_bytes(conn: Any) -> bool:
     """Whether psycopg hands `conn`'s text back as bytes: its client encoding is SQL_ASCII, which
     a caller's connection to such a database has unless the caller set another."""
     try:
-        return conn.info.encoding == "ascii"
+        encoding: str = conn.info.encoding
     except psycopg.Error:
         return False  # a connection lost: the statement fails, as on any other
+    return encoding == "ascii"
 
 
 # What a conn= error says when it got no psycopg 3 connection at all: a framework's wrapper
@@ -90,6 +91,7 @@ def cursor_on(conn: Any, row_factory: Any = None) -> Any:
     group's state read as bytes broke the handles and the group steps."""
     factory = row_factory or psycopg.rows.tuple_row
     prepared = get_settings().prepared_statements
+    cur: psycopg.AsyncCursor[Any] | psycopg.Cursor[Any]
     if isinstance(conn, psycopg.AsyncConnection):
         cur = (psycopg.AsyncCursor if prepared else _AsyncUnprepared)(conn, row_factory=factory)
     else:
@@ -123,7 +125,7 @@ def connect_defaults(url: str) -> dict[str, Any]:
     URL's, which the operator set for a reason: a serverless Postgres that takes longer to wake,
     or a check that must fail fast."""
     try:
-        named = psycopg.conninfo.conninfo_to_dict(url)
+        named = fields(url)
     except psycopg.Error:
         named = {}  # check_url() says what is wrong with it
     defaults: dict[str, Any] = {k: v for k, v in KEEPALIVES.items() if k not in named}
@@ -134,7 +136,7 @@ def connect_defaults(url: str) -> dict[str, Any]:
 
 def _password(url: str) -> str | None:
     try:
-        return psycopg.conninfo.conninfo_to_dict(url).get("password") or None
+        return fields(url).get("password") or None
     except psycopg.Error:
         return None
 

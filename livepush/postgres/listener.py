@@ -29,10 +29,12 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from ..channels import Channels, Resync
+from ..channels import Channels
 from ..errors import DependencyError, ListenError, ListenLoginRefused, LoginRefused, first_line
 from ..tasks import Backoff, stop
-from .connect import aconnect, connect, redact, translate, translated
+from ..types import ResyncHandler as Resync
+from .connect import aconnect, connect, translate, translated
+from .urls import redact
 
 log = logging.getLogger("livepush.postgres.listener")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import cast
 
 import psycopg
 
@@ -36,12 +37,18 @@ def _misread(url: str) -> bool:
     return "@" in rest[min(ends) + 1:].split("?", 1)[0]
 
 
+def fields(url: str) -> dict[str, str]:
+    """The fields of a Postgres URL or conninfo, as libpq parses them: all text. (psycopg's type
+    allows ints too, for the keyword arguments conninfo_to_dict() also takes; none is passed.)"""
+    return cast("dict[str, str]", psycopg.conninfo.conninfo_to_dict(url))
+
+
 def redact(url: str) -> str:
     """`host:port/dbname` of a Postgres URL or conninfo, never its user or password; safe for any
     output. (As `dbname@host:port` it read as a user at a host: "cannot reach Postgres at
     postgres@..." about a role that did not exist sent people after the wrong name.)"""
     try:
-        info = psycopg.conninfo.conninfo_to_dict(url)
+        info = fields(url)
     except psycopg.Error:
         return "(a malformed URL)"
     if _misread(url):
@@ -99,7 +106,7 @@ def check_url(url: str, setting: str = "LIVEPUSH_DATABASE_URL") -> None:
     `url` is not a Postgres URL or conninfo, or holds a port or sslmode libpq refuses before it
     connects."""
     try:
-        info = psycopg.conninfo.conninfo_to_dict(url)
+        info = fields(url)
     except psycopg.Error:
         unknown = _unknown_parameters(url)
         if unknown:

@@ -29,10 +29,11 @@ import redis.asyncio as aredis
 from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ..channels import Channels, Resync
+from ..channels import Channels
 from ..errors import ListenError
 from ..repeats import Repeats
 from ..tasks import Backoff, stop
+from ..types import ResyncHandler as Resync
 from .client import client_kwargs, failed, no_retries, one_line, own_url, redact, text
 
 log = logging.getLogger("livepush.redis.subscriber")

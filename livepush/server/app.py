@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -114,7 +115,9 @@ class PushServer:
             metrics.count_refusals(f"session_{reason}" for reason in SESSION_REASONS)
         self.store = store if store is not None else MEMORY
         self.states = list(states)
-        self.hub = Hub(fanout, broadcast, states=self.states)
+        # ignore: the hub hands broadcast() only the subscribers it was given, this server's
+        # Connections, which its Subscriber protocol cannot say without making the hub generic.
+        self.hub = Hub(fanout, broadcast, states=self.states)  # type: ignore[arg-type]
         self.pages = pages
         self.heartbeat = heartbeat
         self._health = list(health)
@@ -161,7 +164,7 @@ class PushServer:
         self.fanout.register(self.readiness.on_message)
         self.fanout.on_resync(self.hub.resync)
         for source in self.states:
-            source.watch(self.hub.on_state_change, lambda source=source: self.hub.on_state_resync(source),
+            source.watch(self.hub.on_state_change, functools.partial(self.hub.on_state_resync, source),
                          self.hub.on_state_created, self.readiness.ring_heard(source))
             await source.listen()
         if self._ring_store:
@@ -492,11 +495,11 @@ class PushServer:
             self._recheck_failures = 0
             return
         for client in with_sessions:
-            if client.session.expires_at <= now:  # type: ignore[union-attr]
+            if client.session.expires_at <= now:
                 client.close(protocol.CLOSE_REVOKED, "session expired")
         try:
             async with asyncio.timeout(STORE_READ_TIMEOUT):
-                revoked = await self.store.revoked_among([c.session for c in with_sessions])  # type: ignore[misc]
+                revoked = await self.store.revoked_among([c.session for c in with_sessions])
         except Exception as exc:
             self._recheck_failures += 1
             (log.warning if self._recheck_failures == 1 else log.debug)(
@@ -504,7 +507,7 @@ class PushServer:
             return
         self._recheck_failures = 0
         for client in with_sessions:
-            if client.session.id in revoked:  # type: ignore[union-attr]
+            if client.session.id in revoked:
                 client.close(protocol.CLOSE_REVOKED, "session revoked")
 
     # -- maintenance ------------------------------------------------------------------

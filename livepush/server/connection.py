@@ -103,7 +103,9 @@ class Server(Protocol):
 class Core(Protocol):
     """What a connection asks of its core (core.ConnectionCore): the clock and the sweep's sets."""
 
-    server: Server
+    @property
+    def server(self) -> Server: ...  # read only: the core's own server is more than this one
+
     now: float
     behind: set[Connection]
 
@@ -579,7 +581,8 @@ class Connection(asyncio.Protocol):
                 if not event.fin:
                     self.partial = bytearray(b"\x01" if opcode is TEXT else b"\x02") + event.data
                     continue
-                self._message(opcode is TEXT, event.data)
+                # Bytes: websockets makes a memoryview only of an outgoing compressed frame's data.
+                self._message(opcode is TEXT, event.data)  # type: ignore[arg-type]
             elif opcode is CONT and self.partial is not None:
                 self.partial += event.data
                 if event.fin:

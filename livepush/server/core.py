@@ -30,6 +30,7 @@ from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 from websockets.protocol import OPEN
 from websockets.server import ServerProtocol
+from websockets.typing import Subprotocol
 
 from .. import metrics, protocol
 from ..sessions.handshake import SUBPROTOCOL
@@ -52,6 +53,7 @@ class _WarningsOnly(logging.LoggerAdapter[logging.Logger]):
 
 
 _WS_LOGGER = _WarningsOnly(logging.getLogger("livepush.websockets"))
+_SUBPROTOCOL = Subprotocol(SUBPROTOCOL)
 
 OPEN_TIMEOUT = 10.0  # websockets' default
 # File descriptors kept from client connections, of the process's open-file limit: its database
@@ -86,6 +88,8 @@ class Server(Protocol):
     def on_frame(self, client: Connection, cmd: protocol.Command) -> Awaitable[None] | None: ...
 
     def served_at_once(self, client: Connection, cmd: protocol.Command) -> bool: ...
+
+    def overflowed(self, client: Connection, topic: str) -> bool: ...  # the connection asks it
 
 
 def descriptor_budget() -> int:
@@ -123,7 +127,7 @@ class ConnectionCore:
         self._handshakes: set[asyncio.Task[None]] = set()
         self._live = 0  # connections made and not lost
         self._all_lost: asyncio.Event | None = None
-        self._listener: asyncio.AbstractServer | None = None
+        self._listener: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -133,7 +137,8 @@ class ConnectionCore:
     @property
     def port(self) -> int:
         assert self._listener is not None
-        return self._listener.sockets[0].getsockname()[1]
+        port: int = self._listener.sockets[0].getsockname()[1]
+        return port
 
     async def listen(self, host: str, port: int, *, reuse_port: bool = False) -> None:
         """Listen on host:port; `reuse_port`: one of several processes on the port (serve --workers)."""
@@ -144,7 +149,7 @@ class ConnectionCore:
         self._sweeper = supervise("livepush-sweep", self._sweep)
 
     def new_protocol(self) -> ServerProtocol:
-        return _Protocol(subprotocols=[SUBPROTOCOL], max_size=protocol.MAX_FRAME_BYTES, logger=_WS_LOGGER)
+        return _Protocol(subprotocols=[_SUBPROTOCOL], max_size=protocol.MAX_FRAME_BYTES, logger=_WS_LOGGER)
 
     # -- connections ------------------------------------------------------------------------------
     def opened_tcp(self, conn: Connection) -> None:

@@ -385,7 +385,7 @@ class Readiness:
             schema["detail"] = self._schema_problem
         draining = self._draining()
         full = self._full()
-        checks = {
+        checks: dict[str, dict[str, object]] = {
             "listening": {"ok": away is None} | ({"detail": away} if away is not None else {}),
             "canary": canary,
             "schema": schema,

@@ -9,7 +9,7 @@ import errno
 import logging
 import signal
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,7 +22,7 @@ log = logging.getLogger("livepush.server")
 # Work run beside the server (the job runtime with --with-jobs), stopped with it: it gets the
 # stop event, the hurry event (a second signal: cut the stop short) and an event it sets once it
 # runs, and returns once it has stopped; if it ends first, the server stops too.
-Sidecar = Callable[[asyncio.Event, asyncio.Event, asyncio.Event], Awaitable[None]]
+Sidecar = Callable[[asyncio.Event, asyncio.Event, asyncio.Event], Coroutine[Any, Any, None]]
 
 
 def raise_fd_limit() -> None:

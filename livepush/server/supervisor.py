@@ -29,6 +29,7 @@ import signal
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import stopsignals
 
@@ -52,7 +53,8 @@ class RestartPolicy:
     limit: int = 10  # more unexpected exits than this within `window`, all workers together: give up
 
     def delay(self, recent_exits: int) -> float:
-        return min(self.max_delay, self.first_delay * 2 ** max(recent_exits - 1, 0))
+        doubling: int = 2 ** max(recent_exits - 1, 0)  # typeshed: int ** int may be a float
+        return min(self.max_delay, self.first_delay * doubling)
 
 
 @dataclass(frozen=True)
@@ -296,8 +298,9 @@ class Supervisor:
                 break
             self._deadline_moved.clear()
             moved = asyncio.create_task(self._deadline_moved.wait())
+            waits: list[asyncio.Future[Any]] = [ended, moved]
             try:
-                await asyncio.wait([ended, moved], timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 moved.cancel()
         if self._status is not None:

@@ -494,6 +494,7 @@ class RedisRevocations(RevocationStore):
         try:
             return int(value)
         except ValueError:
+            assert isinstance(value, bytes)  # int() takes every int
             log.warning("livepush: %r in Redis holds %r, not a cut-off; every session of its subject counts as "
                         "revoked until revoke_subject() writes one over it", key, value[:40])
             return float("inf")

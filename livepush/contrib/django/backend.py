@@ -158,7 +158,7 @@ class LivePushBackend(BaseTaskBackend):
 
     def run_at(self, task: Task) -> datetime | None:
         """`run_after` as an aware datetime: a naive one (USE_TZ = False) is in TIME_ZONE, as Django reads it."""
-        when = task.run_after
+        when: datetime | None = task.run_after
         if when is not None and timezone.is_naive(when):
             when = timezone.make_aware(when, timezone.get_default_timezone())
         return when
@@ -204,7 +204,7 @@ class LivePushBackend(BaseTaskBackend):
         # Tables are not enough: a job written in another database that has them too is where no
         # runtime looks for it, and would never run.
         with jobs_database.connection() as own:
-            jobs_started, jobs_name = own.execute(IDENTITY).fetchone()
+            jobs_started, jobs_name = own.execute(IDENTITY).fetchone()  # type: ignore[misc]  # always one row
         if (started, name) != (jobs_started, jobs_name):
             raise TransactionNotSupported(
                 f"Django database {self.database!r} (database {name!r}) holds livepush tables but is not the "

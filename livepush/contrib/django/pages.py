@@ -29,10 +29,12 @@ class Subscription:
         return format_html('data-livepush-topic="{}" data-livepush-since="{}"', self.signed, self.since or "")
 
     def __html__(self) -> str:  # how templates render it: the attributes, already escaped
-        return self.attrs()
+        html: str = self.attrs()  # a SafeString, a str
+        return html
 
     def __str__(self) -> str:
-        return self.attrs()
+        html: str = self.attrs()
+        return html
 
 
 def subscription(topic: str, ttl: Seconds | None = None) -> Subscription:

@@ -42,10 +42,10 @@ from django.utils.module_loading import import_string
 from ... import sessions
 from ...config import get_settings
 from ...errors import DependencyError, InvalidSession, LivepushError
-from ...sessions import MAX_TTL, Session
+from ...sessions import Session
 from ...sessions.revocations import CLOCK_ALLOWANCE, READ_TIMEOUT
 from ...sessions.handshake import COOKIE_NAME, HOST_COOKIE_NAME
-from ...sessions.tokens import check_subject
+from ...sessions.tokens import MAX_TTL, check_subject
 from ...types import as_seconds
 from ...usercode import cannot_take, what_raised
 from .._cookies import (COOKIE_NAMES, domain_for, is_host_name, nowhere_to_revoke, other_subjects, session_cookie,
@@ -130,7 +130,8 @@ def _subject_function(path: str) -> Callable[[Any], object]:
     if not callable(found):
         raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT = {path!r:.100} names {found!r:.60}, which is no "
                                    "function: name a function of the user that returns its subject")
-    return found
+    subject_of: Callable[[Any], object] = found
+    return subject_of
 
 
 def _domain() -> str | None:

@@ -164,7 +164,7 @@ def check_json(value: Any, path: str, error: type[Exception], what: str, *, stor
         _check(value, path, 0, error, what, stored)
 
 
-def check_args(args: tuple[Any, ...] | list[Any]) -> tuple[Any, ...] | list[Any]:
+def check_args(args: object) -> tuple[Any, ...] | list[Any]:
     """Raise InvalidArgumentsError unless `args` is plain JSON; return them, as a list unless
     they are one already or a tuple (no copy: enqueue_many allocates as little per job as it
     can, since the collector's passes over what it allocates cost as much as the rest)."""
@@ -347,17 +347,19 @@ def required_keywords(func: Callable[..., Any]) -> list[str]:
     return [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
 
 
-def refuse_keywords(func: Callable[..., Any], name: str, call: str, given: Mapping[str, Any],
+def refuse_keywords(func: Callable[..., Any] | None, name: str, call: str, given: Mapping[str, Any],
                     options: Iterable[str]) -> None:
     """Raise InvalidArgumentsError for keywords `call` does not take (`given`, not empty): a job's
     arguments are stored as one JSON array and its function is called with them by position, so
     one given by keyword (enqueue(tenant="acme")) is named with its place after ctx; any other
     keyword is no option of `call`, whose `options` are named. Python's own "unexpected keyword
-    argument" named neither."""
+    argument" named neither. `func` None (a job function that shows none): only the options are named."""
     word = next(iter(given))
     found, params = None, []
     # What the runtime calls first; then, for a wrapper that passes its *args on, what it wraps.
     for follow in (False, True):
+        if func is None:
+            break
         try:
             params = list(inspect.signature(func, follow_wrapped=follow).parameters.values())[1:]
         except (TypeError, ValueError):

@@ -61,7 +61,7 @@ def awaited(shown: str | Callable[[Any], str]) -> Callable[[Callable[P, Coroutin
             made = func(*args, **kwargs)
             running = RUNNING.get()
             if running is not None and _in_task(running[1]):
-                running[0]._track(made, shown if isinstance(shown, str) else shown(args[0]))
+                made = running[0]._track(made, shown if isinstance(shown, str) else shown(args[0]))
             return made
 
         return _mark(call)

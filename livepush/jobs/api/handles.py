@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import Any, cast
 
 from ...api import sign_topic
 from ...config import get_settings
@@ -96,7 +96,7 @@ def checked_cursor(value: object, what: str) -> int:
     clamped to the bigint range. Not checked_id, which reads an out-of-range int as NO_SUCH_ID: a
     cursor past the last id would then page from the first, or before it find nothing."""
     checked_id(value, what)
-    return min(max(value, 0), BIGINT_MAX)  # type: ignore[call-overload]
+    return min(max(cast(int, value), 0), BIGINT_MAX)  # checked_id() raised unless it is an int
 
 
 def page_of(rows: list[dict[str, Any]], limit: int, key: str) -> tuple[list[dict[str, Any]], int | None]:

@@ -245,7 +245,8 @@ class DurableRun:
         with translated(self.ctx._url or ""):
             async with self._connection() as conn, conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(sql, params)
-                return await cur.fetchall()
+                rows: list[dict[str, Any]] = await cur.fetchall()
+                return rows
 
     def _unique(self, kind: str, name: str) -> tuple[str, str]:
         key = (kind, name)

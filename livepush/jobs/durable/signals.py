@@ -45,6 +45,7 @@ def _send_steps(job_id: int, name: str, data: str, key: str | None) -> steps.Ste
     (row,) = yield steps.Query(dq.SEND_SIGNAL, {"id": job_id, "name": name, "data": data, "key": key})
     if row["signal_id"] is None:
         # A send of the same key committed while this one waited for it: that one is the signal.
+        assert key is not None  # SEND_SIGNAL sends every unkeyed signal
         (first,) = yield steps.Query(dq.KEYED_SIGNAL, {"id": job_id, "key": key})
         return _sent_before(first, f"job {job_id}", name, key)
     return int(row["signal_id"])

@@ -68,7 +68,7 @@ class JobStates:
     """`job:<id>`, `group:<id>` and `workflow:<id>`, read from the jobs' database at `url`. `listener`: the process's
     shared Postgres listener on that database (else one of its own)."""
 
-    prefixes = ("job:", "group:", "workflow:")
+    prefixes: tuple[str, ...] = ("job:", "group:", "workflow:")
 
     def __init__(self, url: str, *, listener: Listener | None = None) -> None:
         self.url = url

@@ -405,8 +405,8 @@ def _batch_of(group_id: int, items: Iterable[Any], call: str) -> Batch:
     return batch
 
 
-def job_and_args(fn: Any, args: Sequence[Any], what: str, unknown: Mapping[str, Any] = NO_OPTIONS,
-                 options: Sequence[str] = ()) -> tuple[JobSpec, Sequence[Any], str | None]:
+def job_and_args(fn: Any, args: tuple[Any, ...], what: str, unknown: Mapping[str, Any] = NO_OPTIONS,
+                 options: Sequence[str] = ()) -> tuple[JobSpec, tuple[Any, ...], str | None]:
     """The function, arguments and queue of one member given as `fn, *args` or as a
     job.request(...); a TypeError naming what was given otherwise (not an AttributeError from
     deep inside the batch). Keywords `what` does not take (`unknown`; its `options` are named)
@@ -424,7 +424,7 @@ def job_and_args(fn: Any, args: Sequence[Any], what: str, unknown: Mapping[str, 
     return fn, args, queue
 
 
-def _one(group_id: int, fn: JobSpec | JobRequest, args: Sequence[Any], wait: float | None,
+def _one(group_id: int, fn: JobSpec | JobRequest, args: tuple[Any, ...], wait: Seconds | None,
          at: datetime | None, key: str | None, tags: Sequence[str] | None, call: str,
          unknown: Mapping[str, Any]) -> Batch:
     fn, args, queue = job_and_args(fn, args, call, unknown, ADD_OPTIONS)

@@ -52,7 +52,7 @@ def run(conn: psycopg.Connection, steps: Steps[T]) -> T:
         while True:
             check_sendable(query.params)
             with cursor_on(conn, dict_row) as cur:
-                cur.execute(query.sql, query.params)  # type: ignore[arg-type]
+                cur.execute(query.sql, query.params)
                 rows = cur.fetchall() if cur.description else []
             query = steps.send(rows)
     except StopIteration as stop:
@@ -66,7 +66,7 @@ async def arun(aconn: psycopg.AsyncConnection, steps: Steps[T]) -> T:
         while True:
             check_sendable(query.params)
             async with cursor_on(aconn, dict_row) as cur:
-                await cur.execute(query.sql, query.params)  # type: ignore[arg-type]
+                await cur.execute(query.sql, query.params)
                 rows = await cur.fetchall() if cur.description else []
             query = steps.send(rows)
     except StopIteration as stop:
@@ -195,7 +195,7 @@ def callback_spec(request: Any, keyword: str) -> str | None:
     # which jsonb keeps as the integer it equals, so the callback would get an int in its place.
     return dumps({"name": fn.name, "queue": request.queue or fn.queue, "priority": fn.priority,
                   "max_attempts": fn.max_attempts, "args": args, "limited": limited,
-                  "concurrency_key": limits.key_of(args, fn.name) if limited else None})
+                  "concurrency_key": limits.key_of(args, fn.name) if limits is not None and limited else None})
 
 
 def create(group_id: int, shards: int, callbacks: dict[str, str | None], parent_id: int | None = None) -> Steps[None]:

@@ -66,7 +66,7 @@ async def ain_tx(make: Callable[[], steps.Steps[T]], conn: Any, pool: AsyncConne
     """in_tx for async code. `pool`: where our own transactions' connections come from instead of
     the process's jobs pool (a runtime's own work: its database may not be the process's default);
     not in autocommit, as that pool is not, so that the steps are one transaction."""
-    url = pool.conninfo if pool is not None else database.database_url()
+    url = database.pool_url(pool) if pool is not None else database.database_url()
     if conn is not None:
         check_conn(conn, "async")
         with translated_on(url, conn):

@@ -181,7 +181,7 @@ class Cron:
         # newest tick before the next whole second is the newest one at or before `now`. The second
         # is added in UTC: arithmetic on a zoned datetime is on the wall clock and drops `fold`.
         start = (now.astimezone(UTC).replace(microsecond=0) + timedelta(seconds=1)).astimezone(self.zone)
-        found = croniter(self.expression, start).get_prev(datetime).astimezone(UTC)
+        found: datetime = croniter(self.expression, start).get_prev(datetime).astimezone(UTC)
         # croniter steps zoned times on the wall clock, and across a change of the clocks it can
         # step over a tick: for "45 * * * *" the 02:45 a spring-forward skips never came (it
         # comes at the end of the gap, docs/jobs.md), while "30 2 * * *"'s did. Each side of a
@@ -196,7 +196,7 @@ class Cron:
 
     def _next_after(self, now: datetime) -> datetime:
         """next_after counting every pass of a repeated hour (a wildcard job's ticks)."""
-        found = croniter(self.expression, now.astimezone(self.zone)).get_next(datetime).astimezone(UTC)
+        found: datetime = croniter(self.expression, now.astimezone(self.zone)).get_next(datetime).astimezone(UTC)
         around = self._around(now.astimezone(UTC), newest=False)
         if self._pushed_past_a_gap(found):
             # As in latest_due: the ticks next to the change just before that answer, those still
@@ -235,10 +235,12 @@ class Cron:
 
     def _prev_wall(self, wall: datetime) -> datetime:
         """The newest wall-clock tick strictly before `wall` (naive: no zone, no clock change)."""
-        return croniter(self.expression, wall).get_prev(datetime)
+        tick: datetime = croniter(self.expression, wall).get_prev(datetime)
+        return tick
 
     def _next_wall(self, wall: datetime) -> datetime:
-        return croniter(self.expression, wall).get_next(datetime)
+        tick: datetime = croniter(self.expression, wall).get_next(datetime)
+        return tick
 
     def _around(self, now: datetime, *, newest: bool) -> list[datetime]:
         """The ticks next to a clock change within CHANGE_WINDOW of `now` (UTC), found one UTC

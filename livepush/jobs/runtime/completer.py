@@ -290,6 +290,7 @@ class Completer:
                 await self._ring_started(started)
                 del self._started[: len(starting)]
             return
+        touched: set[int]
         if all(o.ctx._job.group_id is None and o.ctx._job.workflow_id is None for o in outcomes):
             rows, touched = await self._complete(outcomes, started), set()
         else:

@@ -17,7 +17,7 @@ import math
 import time
 from datetime import datetime
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
-from typing import TYPE_CHECKING, Any, Never, Protocol
+from typing import TYPE_CHECKING, Any, Never, Protocol, TypeVar
 
 from ...postgres.text import storable_text
 from ..errors import InvalidProgressError, InvalidResultError, JobCancelled
@@ -28,7 +28,10 @@ from ..events.views import PROGRESS_INTERVAL
 from .threads import wait_on_loop
 
 if TYPE_CHECKING:
+    from ..durable.run import DurableRun
     from ..groups.context import GroupContext, SyncGroupContext  # imported on first use: it imports the jobs API
+
+T = TypeVar("T")
 
 MAX_MESSAGE = 1000  # characters of a progress message kept
 
@@ -106,7 +109,7 @@ class JobContext:
     the runtime, the completer, task groups and durable calls read and set."""
 
     _group: GroupContext | None = None  # made on first use (or loaded first, for a callback)
-    _durable: Any = None  # durable.run.DurableRun, made on first use
+    _durable: DurableRun | None = None  # made on first use
 
     def __init__(self, job: ClaimedJob, completer: ProgressSink | None, *, pool: Any = None, url: str | None = None,
                  group_progress: Any = None, threads: concurrent.futures.Executor | None = None) -> None:
@@ -147,7 +150,7 @@ class JobContext:
         return self._group
 
     @property
-    def _durable_calls(self) -> Any:
+    def _durable_calls(self) -> DurableRun:
         if self._durable is None:
             from ..durable.run import DurableRun
 
@@ -408,7 +411,7 @@ class SyncJobContext:
     def cancelled(self) -> bool:
         return self._inner.cancelled
 
-    def _call(self, coro: Any) -> Any:
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run one of the job context's coroutines on the runtime's loop and wait for it here, as
         long as that loop runs (RuntimeStoppedError once it stopped)."""
         return wait_on_loop(coro, self._loop, f"job {self._inner.job_id}'s ctx call got no answer: the job runtime's "

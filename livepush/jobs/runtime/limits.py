@@ -40,15 +40,19 @@ async def store(pool: AsyncConnectionPool, registry: Registry, names: Iterable[s
     """Write the limits of the registry's functions (and drop rows of those now without any): of
     all of them as a runtime starts, of `names` for functions defined while it runs."""
     wanted = None if names is None else set(names)
-    limited, plain = [], []
+    limited: list[tuple[str, Limits]] = []
+    plain: list[tuple[str, None]] = []
     for name, limits in definitions(registry).items():
         if wanted is None or name in wanted:
-            (plain if limits is None else limited).append((name, limits))
+            if limits is None:
+                plain.append((name, limits))
+            else:
+                limited.append((name, limits))
     backlog, left = None, []
     async with pool.connection() as conn:
         await conn.execute(queries.LOCK_LIMITS)
         if limited:
-            had = dict(await (await conn.execute(
+            had: dict[str, str | None] = dict(await (await conn.execute(
                 queries.LIMITED_BEFORE, {"names": [n for n, _ in limited]})).fetchall())
             # Keyed anew: a concurrency key read from another parameter than the stored one, or
             # where there was none (a rate alone marks jobs limited with no key, which no slot

@@ -183,10 +183,10 @@ async def rescue(pool: AsyncConnectionPool, runtime_id: int, since: datetime | N
     delays = [retry_delay(registry.find(name) if registry is not None else None, job_id, attempt)
               if rescued_before else 0.0 for job_id, name, attempt, rescued_before in found]
     async with pool.connection() as conn:
-        async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(queries.RESCUE_ORPHANS, {"error": RESCUE_ERROR, "runtime_id": runtime_id, "ids": ids,
-                                                       "attempts": attempts, "delays": delays})
-            rows = await cur.fetchall()
+        async with conn.cursor(row_factory=dict_row) as rescuing:
+            await rescuing.execute(queries.RESCUE_ORPHANS, {"error": RESCUE_ERROR, "runtime_id": runtime_id, "ids": ids,
+                                                             "attempts": attempts, "delays": delays})
+            rows = await rescuing.fetchall()
             if not rows:
                 return [], unrung
             touched = await outcomes.count(conn, outcomes.terminal(rows))

@@ -23,8 +23,9 @@ from ..api.handles import WorkflowHandle
 from ..api.options import check_queue
 from ..api.registry import REGISTRY, place_of, where_defined
 from ..durable.run import MAX_SECONDS, check_name
-from ..errors import ConfigError, WorkflowDefinitionError
+from ..errors import WorkflowDefinitionError
 from ...blocking import due, say
+from ...errors import ConfigError
 from ...types import as_seconds
 from ...usercode import cannot_take
 
