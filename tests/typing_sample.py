@@ -46,6 +46,8 @@ async def import_row(ctx: jobs.JobContext, import_id: int, row: dict[str, Any]) 
 @jobs.job
 def resize(ctx: jobs.SyncJobContext, image_id: int, width: int = 640) -> int:
     ctx.progress(1, 2, "resizing")
+    ctx.sleep("settle", 0.5)
+    ctx.sleep("settle")  # error: [call-overload]
     return image_id * width
 
 
@@ -57,6 +59,11 @@ async def report(ctx: jobs.JobContext, import_id: int) -> None:
         group.succeded  # error: [attr-defined]
     await ctx.checkpoint("total", sum, [1, 2])
     await ctx.checkpoint("total", sum, [1, 2], start=1)  # error: [arg-type]
+    await ctx.sleep("cool down", timedelta(minutes=5))
+    await ctx.sleep("cool down", 300)
+    await ctx.sleep(300)  # error: [call-overload]
+    await ctx.wait_for_signal("approved", timeout=timedelta(days=1))
+    await ctx.wait_for_signal(timeout=60)  # error: [call-overload]
 
 
 @jobs.periodic("*/5 * * * *", timezone="UTC", queue="maintenance")

@@ -209,7 +209,7 @@ async def forgets_await(ctx: Any, how: str) -> str:
 
 
 MISUSES = ("input not JSON", "empty name", "empty name in a task group", "negative sleep", "sleep of a str", "negative timeout", "not callable",
-           "keyword arguments", "children of an int", "own ValueError", "jobs.signal of an empty name")
+           "sleep without a name", "sleep without seconds", "wait without a name", "keyword arguments", "children of an int", "own ValueError", "jobs.signal of an empty name")
 
 
 async def misuse(ctx: Any, how: str) -> Any:
@@ -232,6 +232,12 @@ async def misuse(ctx: Any, how: str) -> Any:
         return await ctx.sleep("nap", "10")
     if how == "negative timeout":
         return await ctx.wait_for_signal("go", timeout=-5)
+    if how == "sleep without a name":
+        return await ctx.sleep(3600)
+    if how == "sleep without seconds":
+        return await ctx.sleep("nap")
+    if how == "wait without a name":
+        return await ctx.wait_for_signal(timeout=5)
     if how == "not callable":
         return await ctx.checkpoint("not callable", 5)
     if how == "keyword arguments":
@@ -252,6 +258,12 @@ def misuse_sync(ctx: Any, how: str) -> Any:
     body_sync(ctx.job_id, ctx.attempt, "between")
     if how == "negative sleep":
         return ctx.sleep("nap", -1)
+    if how == "sleep without a name":
+        return ctx.sleep(3600)
+    if how == "sleep without seconds":
+        return ctx.sleep("nap")
+    if how == "wait without a name":
+        return ctx.wait_for_signal()
     if how == "not callable":
         return ctx.checkpoint("not callable", 5)
     if how == "keyword arguments":

@@ -534,6 +534,16 @@ async def test_an_input_that_cannot_be_fingerprinted_fails_naming_its_checkpoint
     # Its own input= misspelt is no keyword for fn: functools.partial would pass it on to charge().
     (dj.misused, "input misspelt", "ctx.checkpoint('charge', fn, *args) takes input= (its fingerprint is compared "
                                    "on a replay), got inputs=; a keyword for fn goes in functools.partial"),
+    # An argument left out: Python's own TypeError, raised at the call, was retried as the job's.
+    (dj.misuse_retried, "sleep without a name", "ctx.sleep(name, seconds) takes a name first, then the seconds: "
+                                         "ctx.sleep('nap', 3600) for ctx.sleep(3600)"),
+    (dj.misuse_retried, "sleep without seconds", "ctx.sleep('nap') takes the seconds to sleep (or a timedelta) after its "
+                                          "name: ctx.sleep('nap', 3600)"),
+    (dj.misuse_retried, "wait without a name", "ctx.wait_for_signal() takes the name of the signal to wait for: "
+                                        "ctx.wait_for_signal('approved', timeout=5)"),
+    (dj.misuse_sync, "sleep without seconds", "ctx.sleep('nap') takes the seconds to sleep"),
+    (dj.misuse_sync, "wait without a name", "ctx.wait_for_signal() takes the name of the signal to wait for: "
+                                             "ctx.wait_for_signal('approved')"),
 ])
 async def test_a_durable_call_given_what_it_does_not_take_fails_naming_it(
         durable_db: str, job: Any, how: str, says: str) -> None:
@@ -619,7 +629,8 @@ async def test_a_durable_call_made_wrongly_fails_the_job_at_once(durable_db: str
     assert bodies(durable_db, h.id) == ["first", "between"]
 
 
-@pytest.mark.parametrize("how", ["negative sleep", "not callable", "keyword arguments", "children of an int"])
+@pytest.mark.parametrize("how", ["negative sleep", "sleep without a name", "sleep without seconds", "wait without a name",
+                                 "not callable", "keyword arguments", "children of an int"])
 async def test_a_sync_jobs_durable_call_made_wrongly_fails_the_job_at_once(durable_db: str, how: str) -> None:
     """The same in a sync job, whose durable calls go through the sync ctx."""
     async with running():

@@ -15,12 +15,13 @@ import dataclasses
 import inspect
 import math
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
-from typing import TYPE_CHECKING, Any, Never, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Never, Protocol, TypeVar, overload
 
 from ...postgres.text import storable_text
-from ..errors import InvalidProgressError, InvalidResultError, JobCancelled
+from ...errors import ArgumentTypeError
+from ..errors import InvalidProgressError, InvalidResultError, JobCancelled, durable_call_refusal
 from ...types import Seconds
 from ..api.registry import JobRequest
 from ..durable.fingerprint import NO_INPUT
@@ -97,6 +98,23 @@ class ProgressSink(Protocol):
     """Where a context hands its progress (the runtime's completer)."""
 
     def progress(self, ctx: JobContext) -> None: ...
+
+
+# The default of an argument a durable call cannot go without: left out, the call refuses it as
+# its own mistake and the job fails at once. Python's TypeError was the job's, retried, and every
+# retry ran the code between the job's steps again to meet it again.
+LEFT_OUT: Any = object()
+
+
+def _sleep_left_out(name: Any, seconds: Any) -> str:
+    if name is LEFT_OUT:
+        shown = "3600" if seconds is LEFT_OUT else f"{seconds!r:.40}"
+        return f"ctx.sleep() takes a name, then the seconds: ctx.sleep('nap', {shown})"
+    if isinstance(name, (int, float, timedelta)) and not isinstance(name, bool):
+        return (f"ctx.sleep(name, seconds) takes a name first, then the seconds: ctx.sleep('nap', {name!r:.40}) "
+                f"for ctx.sleep({name!r:.40})")
+    return (f"ctx.sleep({name!r:.80}) takes the seconds to sleep (or a timedelta) after its name: "
+            f"ctx.sleep({name!r:.80}, 3600)")
 
 
 class JobContext:
@@ -189,19 +207,35 @@ class JobContext:
     async def _run_children(self, requests: Iterable[JobRequest]) -> list[Any]:
         return await self._durable_calls.run_children(requests)
 
-    def wait_for_signal(self, name: str, timeout: Seconds | None = None) -> Coroutine[Any, Any, Any]:
+    @overload
+    def wait_for_signal(self, name: str, timeout: float | None = None) -> Coroutine[Any, Any, Any]: ...
+    @overload
+    def wait_for_signal(self, name: str, timeout: timedelta) -> Coroutine[Any, Any, Any]: ...
+
+    def wait_for_signal(self, name: Any = LEFT_OUT, timeout: Seconds | None = None) -> Coroutine[Any, Any, Any]:
         """The data of the next signal `name` sent to this job (jobs.signal), parking until one
         comes; raises SignalTimeout after `timeout` seconds (or a timedelta) without one, counted
         from the first time a run reached this wait: that deadline is stored, and a timeout= changed
         since does not move it."""
+        if name is LEFT_OUT:
+            given = "" if timeout is None else f", timeout={timeout!r:.40}"
+            raise durable_call_refusal(ArgumentTypeError(
+                f"ctx.wait_for_signal() takes the name of the signal to wait for: ctx.wait_for_signal('approved'{given})"))
         return self._track(self._wait_for_signal(name, timeout), f"ctx.wait_for_signal({name!r:.60})")
 
     async def _wait_for_signal(self, name: str, timeout: Seconds | None) -> Any:
         return await self._durable_calls.wait_for_signal(name, timeout)
 
-    def sleep(self, name: str, seconds: Seconds) -> Coroutine[Any, Any, None]:
+    @overload
+    def sleep(self, name: str, seconds: float) -> Coroutine[Any, Any, None]: ...
+    @overload
+    def sleep(self, name: str, seconds: timedelta) -> Coroutine[Any, Any, None]: ...
+
+    def sleep(self, name: Any = LEFT_OUT, seconds: Any = LEFT_OUT) -> Coroutine[Any, Any, None]:
         """A durable sleep: park for `seconds` (or a timedelta; no slot held), then go on. `name` is
         unique in a job."""
+        if name is LEFT_OUT or seconds is LEFT_OUT:
+            raise durable_call_refusal(ArgumentTypeError(_sleep_left_out(name, seconds)))
         return self._track(self._sleep(name, seconds), f"ctx.sleep({name!r:.60})")
 
     async def _sleep(self, name: str, seconds: Seconds) -> None:
@@ -447,10 +481,20 @@ class SyncJobContext:
 
         return self._call(self._inner.run_children(children_asked(requests)))
 
-    def wait_for_signal(self, name: str, timeout: Seconds | None = None) -> Any:
+    @overload
+    def wait_for_signal(self, name: str, timeout: float | None = None) -> Any: ...
+    @overload
+    def wait_for_signal(self, name: str, timeout: timedelta) -> Any: ...
+
+    def wait_for_signal(self, name: Any = LEFT_OUT, timeout: Seconds | None = None) -> Any:
         return self._call(self._inner.wait_for_signal(name, timeout))
 
-    def sleep(self, name: str, seconds: Seconds) -> None:
+    @overload
+    def sleep(self, name: str, seconds: float) -> None: ...
+    @overload
+    def sleep(self, name: str, seconds: timedelta) -> None: ...
+
+    def sleep(self, name: Any = LEFT_OUT, seconds: Any = LEFT_OUT) -> None:
         self._call(self._inner.sleep(name, seconds))
 
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
