@@ -229,10 +229,15 @@ class Connection(asyncio.Protocol):
         if self.closing:
             return
         self.uncork()  # what was sent before the close goes before the close frame
+        unfed = self.unfed
         self._stop_writing()
+        if unfed is not None:
+            self._parse_only(unfed)
         if self.proto.state is OPEN:
             self.proto.send_close(code, reason)
             self.flush()
+        elif unfed is not None:
+            self.flush()  # the client's own close was among them (or a frame the protocol fails on): its answer
 
     async def drain(self) -> None:
         """Until the client has read what was sent to it so far, but for a little (between
@@ -519,6 +524,16 @@ class Connection(asyncio.Protocol):
         self.inbox = None
         self._drop_held()
         self._wake()
+
+    def _parse_only(self, data: bytes) -> None:
+        """Give the protocol `data`, the unparsed rest of a read past the budget, and drop its
+        frames: a closing connection serves none, but the client's answer to the close comes
+        after these bytes, and dropped unparsed they left the parser inside a frame, reading that
+        answer as its middle (the close then ended at the close timeout, by an abort)."""
+        proto = self.proto
+        for at in range(0, len(data), FEED_BYTES):  # never more than a part's frames at once
+            proto.receive_data(data[at:at + FEED_BYTES])
+            proto.events_received()
 
     def _drop_held(self) -> None:
         self.held = None

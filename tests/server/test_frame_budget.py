@@ -7,16 +7,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import struct
 from typing import Any
 
 import pytest
 
-from livepush import metrics
-from livepush.server import limits
+from livepush import metrics, protocol
+from livepush.server import core, limits
 from livepush.server.connection import Connection
 from tests.server.conftest import Served
 from tests.server.test_hostile_frames import warnings_in
-from tests.support.rawws import PING, RawWS, frame, text
+from tests.support.rawws import CLOSE, PING, RawWS, frame, text
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
@@ -154,3 +155,29 @@ async def test_a_burst_of_the_smallest_frames_waits_for_its_budget_unparsed(
     flooder.writer.transport.abort()
     await async_wait_for(lambda: not served.server.clients, 5, message="the flooder to go")
     assert not warnings_in(caplog), caplog.text
+
+
+@pytest.mark.parametrize("fanout_kind", ["local"])
+async def test_a_client_closed_while_its_read_waits_for_the_budget_has_its_answer_to_the_close_read(
+        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flooder the server closes (a revocation, a drain) while part of a read waits for the
+    budget unparsed gets its answer to the close read: what waited is parsed first, so the
+    answer is read as the frame it is and the handshake ends cleanly. Dropped unparsed, the
+    parser read the answer as the middle of a frame cut at a 2 KiB part, and the connection
+    waited for the close timeout (lengthened here, so that only a clean close ends it)."""
+    monkeypatch.setattr(core, "CLOSE_TIMEOUT", 30.0)
+    flooder = await RawWS.open(served.server.port)
+    (conn,) = served.server.clients
+    # 131 bytes a frame: no 2 KiB part of the read ends where a frame does.
+    ping = frame(PING, b"p" * 125)
+    await flooder.send(ping * int(2 * limits.FRAME_BUDGET_SECONDS / limits.FRAME_SECONDS))
+    await async_wait_for(lambda: conn.unfed is not None, 5, message="part of a read to wait unparsed")
+    conn.close(protocol.CLOSE_REVOKED, "session revoked")
+    heard = await flooder.until_pongs(10**6, timeout=10)  # the pongs already parsed, then the close
+    assert heard.close_code == protocol.CLOSE_REVOKED, heard.close_code
+    await flooder.send(frame(CLOSE, struct.pack("!H", 1000)))
+    await async_wait_for(lambda: conn.proto.close_rcvd is not None, 10, message="the server to read the answer")
+    assert conn.proto.close_rcvd.code == 1000
+    await asyncio.wait_for(flooder.reader.read(), 10)  # the server ends the connection: it heard the answer
+    await flooder.close()
+    await async_wait_for(lambda: conn not in served.server.clients, 5, message="the connection to end")
