@@ -176,6 +176,22 @@ async def test_a_step_waiting_in_its_body_for_its_own_wait_for_signal_is_refused
     assert q(jobs_db, "SELECT attempt FROM livepush_jobs WHERE name = %s", (f"{flow.name}.{step}",)) == [(1,)]
 
 
+@pytest.mark.parametrize(("flow", "given"), [(wc.waits_for_no_name, ", timeout=5"), (wc.sync_waits_for_no_name, "")],
+                         ids=["async", "sync"])
+async def test_a_step_waiting_for_a_signal_it_does_not_name_fails_at_once_saying_the_call(
+        jobs_db: str, flow: Any, given: str) -> None:
+    """ctx.wait_for_signal() with its name left out, in a step as in a job's code: refused as the
+    call's own mistake, and the step fails at its first attempt. Python's TypeError was retried,
+    and each retry ran the step's code up to the call again to meet it again."""
+    async with running(queues=[wc.QUEUE]):
+        run = await flow.astart()
+        done = await run_state(run.id, "failed")
+    (step,) = done["steps"]
+    assert (f"ctx.wait_for_signal() takes the name of the signal to wait for: "
+            f"ctx.wait_for_signal('approved'{given})") in done["steps"][step]["error"]
+    assert q(jobs_db, "SELECT attempt FROM livepush_jobs WHERE name = %s", (f"{flow.name}.{step}",)) == [(1,)]
+
+
 async def test_a_run_that_finished_early_stops_its_running_sibling(jobs_db: str) -> None:
     """ctx.flow.finish() ends the run as succeeded: a step still running beside it is stopped
     (its job cancelled, the step skipped), so the run never shows a failed step."""

@@ -312,6 +312,23 @@ def sync_waits_again(ctx: Any) -> Any:
     return ctx.wait_for_signal("go", timeout=3600)
 
 
+# Steps that wait for a signal and name none: the call's own mistake, as in a job's code.
+waits_for_no_name = jobs.workflow("wfd_waits_for_no_name", queue=QUEUE)
+
+
+@waits_for_no_name.step(max_attempts=3)
+async def waits_unnamed(ctx: Any) -> Any:
+    return await ctx.wait_for_signal(timeout=5)
+
+
+sync_waits_for_no_name = jobs.workflow("wfd_sync_waits_for_no_name", queue=QUEUE)
+
+
+@sync_waits_for_no_name.step(max_attempts=3)
+def sync_waits_unnamed(ctx: Any) -> Any:
+    return ctx.wait_for_signal()
+
+
 # A step whose output passes what one jsonb value holds (a string of 256 MiB and more), then a
 # step that must not run.
 outputs_too_much = jobs.workflow("wfd_outputs_too_much", queue=QUEUE)

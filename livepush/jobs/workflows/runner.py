@@ -15,7 +15,8 @@ import dataclasses
 import inspect
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from datetime import timedelta
+from typing import Any, overload
 
 from psycopg.rows import dict_row
 
@@ -31,7 +32,7 @@ from ..errors import (GroupLimitError, InvalidArgumentsError, InvalidResultError
                       SignalTimeout, WorkflowDefinitionError, WorkflowStepWaitError)
 from ..groups import building, steps
 from ..groups.transactions import ain_tx, in_tx
-from ..runtime.context import SyncJobContext
+from ..runtime.context import LEFT_OUT, SyncJobContext
 from ..runtime.executor import first_raised, refuse_coroutine
 from ..runtime.threads import call_in_thread
 from . import engine
@@ -202,11 +203,16 @@ class StepContext:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._job_ctx, name)
 
-    def wait_for_signal(self, name: str, timeout: Seconds | None = None) -> Any:
+    @overload
+    def wait_for_signal(self, name: str, timeout: float | None = None) -> Any: ...
+    @overload
+    def wait_for_signal(self, name: str, timeout: timedelta) -> Any: ...
+
+    def wait_for_signal(self, name: Any = LEFT_OUT, timeout: Seconds | None = None) -> Any:
         """The job's ctx.wait_for_signal (awaited in an async step, blocking in a sync one), but
         for the step's own wait_for= signal: no second one can reach this job (jobs.workflows.signal
         gives each step one, jobs.signal refuses the name), so the wait is refused at once instead
-        of lasting until its timeout."""
+        of lasting until its timeout. A name left out is the job's ctx's to refuse, as in a job."""
         if self._wait_for is not None and name == self._wait_for:
             raise WorkflowStepWaitError(
                 f"step {self.step!r} of workflow run {self.run_id} waits in its code for signal {name!r}, the one its "
