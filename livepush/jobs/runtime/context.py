@@ -100,10 +100,18 @@ class ProgressSink(Protocol):
     def progress(self, ctx: JobContext) -> None: ...
 
 
-# The default of an argument a durable call cannot go without: left out, the call refuses it as
-# its own mistake and the job fails at once. Python's TypeError was the job's, retried, and every
-# retry ran the code between the job's steps again to meet it again.
-LEFT_OUT: Any = object()
+class _Required:
+    """The default of an argument a durable call cannot go without: left out, the call refuses it
+    as its own mistake and the job fails at once. Python's TypeError was the job's, retried, and
+    every retry ran the code between the job's steps again to meet it again."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<required>"  # what help() and inspect.signature() show as its default
+
+
+LEFT_OUT: Any = _Required()
 
 
 def _sleep_left_out(name: Any, seconds: Any) -> str:
