@@ -65,7 +65,10 @@ async def test_a_runtime_whose_jobs_are_in_a_configured_database_hears_their_can
     task = asyncio.create_task(runtime.run())
     try:
         await runtime.wait_started()
-        state = await slow_jobs.started_slow_job(jobs_db, 60)
+        try:
+            state = await slow_jobs.started_slow_job(jobs_db, 60)
+        except AssertionError as exc:  # what held the slots, or what the runtime was doing instead
+            raise AssertionError(f"{exc}; {_what_held_the_runtime(runtime, jobs_db)}") from None
         database.configure(jobs_db)  # the helper put it back to None
         # Its row says running once the claim commits, a moment before the claim's answer reaches
         # the runtime's loop and puts the job in hand.
@@ -84,6 +87,16 @@ async def test_a_runtime_whose_jobs_are_in_a_configured_database_hears_their_can
         runtime.stop(now=True)
         await asyncio.wait_for(task, 10)
         await close()  # type: ignore[misc]
+
+
+def _what_held_the_runtime(runtime: Runtime, url: str) -> str:
+    """For a failure to start the slow job: the jobs' rows by name and state, and what the runtime
+    had in hand."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT name, queue, state, count(*) FROM livepush_jobs GROUP BY 1, 2, 3 ORDER BY 1").fetchall()
+        paused = conn.execute("SELECT * FROM livepush_paused_queues").fetchall()
+    return (f"jobs (name, queue, state, count) {rows}; paused {paused}; in hand {sorted(runtime.in_hand)}; "
+            f"runtime ended {runtime._ended.is_set()}, a claim under way {not runtime._claim_returned.is_set()}")
 
 
 def _what_the_runtime_saw(runtime: Runtime, url: str, job_id: int) -> str:
