@@ -106,6 +106,13 @@ CREATE INDEX livepush_jobs_scheduled_idx ON livepush_jobs (run_at)
 CREATE INDEX livepush_jobs_running_idx ON livepush_jobs (runtime_id)
     WHERE state = 'running';
 
+-- Retention of lone finished jobs, oldest first (groups/queries.py: PRUNE_JOBS). Without it a
+-- prune read every finished job still within its retention, the whole table when nothing was
+-- due, every minute in every runtime. The finishing update is a non-HOT rewrite already (its
+-- state changes); this is one more entry on it, at the index's right end (finished_at grows).
+CREATE INDEX livepush_jobs_finished_idx ON livepush_jobs (finished_at)
+    WHERE state IN ('succeeded', 'failed', 'cancelled') AND group_id IS NULL AND callback_of IS NULL;
+
 CREATE INDEX livepush_jobs_group_idx ON livepush_jobs (group_id) WHERE group_id IS NOT NULL;
 CREATE INDEX livepush_jobs_callback_idx ON livepush_jobs (callback_of) WHERE callback_of IS NOT NULL;
 

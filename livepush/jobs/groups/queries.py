@@ -625,15 +625,16 @@ SELECT id FROM gone
 """
 
 # name: prune_jobs
-# Retention of lone jobs (no group): finished longer ago than the cutoff, a bounded batch in
-# id order (the primary key: no extra index on the hot table; old finished jobs are mostly
-# the lowest ids). SKIP LOCKED: never waits for, nor blocks, a live transaction.
+# Retention of lone jobs (no group): finished longer ago than the cutoff, a bounded batch, oldest
+# first, through livepush_jobs_finished_idx (sql/0003_jobs.sql), so a prune reads what it deletes
+# and stops at the cutoff, however many finished jobs are kept. SKIP LOCKED: never waits for, nor
+# blocks, a live transaction.
 PRUNE_JOBS = """
 WITH victims AS (
     SELECT id FROM livepush_jobs
     WHERE group_id IS NULL AND callback_of IS NULL AND state IN ('succeeded', 'failed', 'cancelled')
       AND finished_at < now() - make_interval(secs => %(retention)s)
-    ORDER BY id
+    ORDER BY finished_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), gone AS (

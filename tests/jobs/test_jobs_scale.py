@@ -1,0 +1,70 @@
+"""Operator reads and retention beside the finished jobs retention keeps: each reads the rows it
+answers with (through an index), never the whole of livepush_jobs, however many finished jobs
+it holds."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import psycopg
+import pytest
+
+from livepush.jobs import queries
+from livepush.jobs.groups import queries as gq
+
+KEPT = 100_000  # succeeded jobs within their retention: enough that the planner prefers an index
+FAILED = 500
+
+# One statement each, as a runtime leaves them: the succeeded jobs finished over the last day, the
+# failed ones interleaved with them (every 200th job), a small live tail of unfinished jobs.
+BUILD = f"""
+INSERT INTO livepush_jobs (queue, name, state, attempt, finished_at, event, version, tags)
+SELECT 'default', 'app.work', CASE WHEN i % 200 = 0 THEN 'failed' ELSE 'succeeded' END, 1,
+       now() - interval '1 day' + i * interval '100 ms', CASE WHEN i % 200 = 0 THEN 'failed' ELSE 'succeeded' END, 3,
+       CASE WHEN i % 2 = 0 THEN ARRAY['tenant:' || (i % 7)] END
+FROM generate_series(1, {KEPT + FAILED}) i;
+INSERT INTO livepush_jobs (queue, name, state, tags)
+SELECT 'default', 'app.work', (ARRAY['available', 'scheduled', 'running'])[1 + i % 3], ARRAY['import:7']
+FROM generate_series(1, 30) i;
+INSERT INTO livepush_job_payloads (id, args) SELECT id, '[]' FROM livepush_jobs WHERE state <> 'succeeded';
+ANALYZE livepush_jobs; ANALYZE livepush_job_payloads;
+"""
+
+
+@pytest.fixture
+def kept(jobs_db: str) -> str:
+    """A database holding KEPT finished jobs, FAILED failed ones and a few unfinished, analyzed."""
+    with psycopg.connect(jobs_db, autocommit=True) as conn:
+        conn.execute(BUILD)
+    return jobs_db
+
+
+def _scans(node: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    if node.get("Relation Name") == "livepush_jobs":
+        yield node
+    for child in node.get("Plans", ()):
+        yield from _scans(child)
+
+
+def jobs_rows_read(url: str, sql: str, params: Mapping[str, Any]) -> int:
+    """The rows of livepush_jobs the statement's plan read (returned or filtered out, every loop),
+    run by EXPLAIN ANALYZE in a transaction that is rolled back; a sequential scan fails the test."""
+    with psycopg.connect(url) as conn:
+        cur = psycopg.ClientCursor(conn)
+        (plan,), = cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchall()
+        conn.rollback()
+    plan = plan if isinstance(plan, list) else json.loads(plan)
+    read = 0
+    for scan in _scans(plan[0]["Plan"]):
+        assert scan["Node Type"] != "Seq Scan", f"a sequential scan of livepush_jobs, filtered by {scan.get('Filter')}"
+        read += (scan["Actual Rows"] + scan.get("Rows Removed by Filter", 0)
+                 + scan.get("Rows Removed by Index Recheck", 0)) * scan["Actual Loops"]
+    return read
+
+
+def test_retention_with_nothing_due_reads_no_kept_job(kept: str) -> None:
+    """A prune whose cutoff no job has passed reads none of the finished jobs it keeps."""
+    assert jobs_rows_read(kept, gq.PRUNE_JOBS, {"retention": 7 * 86400, "limit": 1000}) == 0
+
