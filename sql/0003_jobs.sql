@@ -106,6 +106,13 @@ CREATE INDEX livepush_jobs_scheduled_idx ON livepush_jobs (run_at)
 CREATE INDEX livepush_jobs_running_idx ON livepush_jobs (runtime_id)
     WHERE state = 'running';
 
+-- Failed jobs, newest first (jobs.list_failed). Without it the list read every finished job
+-- retention keeps to find the failed ones among them.
+-- An entry only for a job that fails for good: that update rewrites the row outside HOT anyway
+-- (its state changes), so this adds one insert there and nothing to enqueues, claims or
+-- successes.
+CREATE INDEX livepush_jobs_failed_idx ON livepush_jobs (id) WHERE state = 'failed';
+
 -- Retention of lone finished jobs, oldest first (groups/queries.py: PRUNE_JOBS). Without it a
 -- prune read every finished job still within its retention, the whole table when nothing was
 -- due, every minute in every runtime. The finishing update is a non-HOT rewrite already (its

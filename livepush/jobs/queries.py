@@ -904,9 +904,9 @@ ORDER BY j.id DESC
 # name: failed_jobs
 # jobs.list_failed(): failed jobs with JOB_INFOS's columns, newest first, of one queue or function
 # when given, older than the page cursor `before` (jobs.list_failed(before=); the largest bigint
-# when the call gave none). A plain read, an operator's occasional one: failed jobs have no index
-# of their own (an entry per failure on the outcome's path, for a read made by hand), so it walks
-# the primary key down from the newest job (or the cursor).
+# when the call gave none). A plain read, through livepush_jobs_failed_idx (sql/0003_jobs.sql) down
+# from the newest failed job (or the cursor): it reads failed jobs only, however many finished
+# ones retention keeps around them.
 FAILED_JOBS = f"""
 SELECT {VIEW_COLUMNS}, j.tags, j.priority, p.args
 FROM livepush_jobs j JOIN livepush_job_payloads p ON p.id = j.id

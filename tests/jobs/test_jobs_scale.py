@@ -14,8 +14,9 @@ import pytest
 from livepush.jobs import queries
 from livepush.jobs.groups import queries as gq
 
-KEPT = 100_000  # succeeded jobs within their retention: enough that the planner prefers an index
-FAILED = 500
+FINISHED = 100_000  # jobs within their retention: enough that the planner prefers an index
+FAILED = FINISHED // 200  # every 200th of them failed, the others succeeded
+UNFINISHED = 30
 
 # One statement each, as a runtime leaves them: the succeeded jobs finished over the last day, the
 # failed ones interleaved with them (every 200th job), a small live tail of unfinished jobs.
@@ -24,18 +25,18 @@ INSERT INTO livepush_jobs (queue, name, state, attempt, finished_at, event, vers
 SELECT 'default', 'app.work', CASE WHEN i % 200 = 0 THEN 'failed' ELSE 'succeeded' END, 1,
        now() - interval '1 day' + i * interval '100 ms', CASE WHEN i % 200 = 0 THEN 'failed' ELSE 'succeeded' END, 3,
        CASE WHEN i % 2 = 0 THEN ARRAY['tenant:' || (i % 7)] END
-FROM generate_series(1, {KEPT + FAILED}) i;
+FROM generate_series(1, {FINISHED}) i;
 INSERT INTO livepush_jobs (queue, name, state, tags)
 SELECT 'default', 'app.work', (ARRAY['available', 'scheduled', 'running'])[1 + i % 3], ARRAY['import:7']
-FROM generate_series(1, 30) i;
-INSERT INTO livepush_job_payloads (id, args) SELECT id, '[]' FROM livepush_jobs WHERE state <> 'succeeded';
+FROM generate_series(1, {UNFINISHED}) i;
+INSERT INTO livepush_job_payloads (id, args) SELECT id, '[]' FROM livepush_jobs;
 ANALYZE livepush_jobs; ANALYZE livepush_job_payloads;
 """
 
 
 @pytest.fixture
 def kept(jobs_db: str) -> str:
-    """A database holding KEPT finished jobs, FAILED failed ones and a few unfinished, analyzed."""
+    """A database holding FINISHED finished jobs, FAILED of them failed, and a few unfinished, analyzed."""
     with psycopg.connect(jobs_db, autocommit=True) as conn:
         conn.execute(BUILD)
     return jobs_db
@@ -67,4 +68,12 @@ def jobs_rows_read(url: str, sql: str, params: Mapping[str, Any]) -> int:
 def test_retention_with_nothing_due_reads_no_kept_job(kept: str) -> None:
     """A prune whose cutoff no job has passed reads none of the finished jobs it keeps."""
     assert jobs_rows_read(kept, gq.PRUNE_JOBS, {"retention": 7 * 86400, "limit": 1000}) == 0
+
+
+
+def test_list_failed_reads_the_failed_jobs_only(kept: str) -> None:
+    """jobs.list_failed() of a queue without failures reads the failed jobs, none of the
+    succeeded ones around them."""
+    params = {"before": 2**63 - 1, "queue": "elsewhere", "name": None, "limit": 100}
+    assert jobs_rows_read(kept, queries.FAILED_JOBS, params) <= FAILED
 
