@@ -106,8 +106,8 @@ CREATE INDEX livepush_jobs_scheduled_idx ON livepush_jobs (run_at)
 CREATE INDEX livepush_jobs_running_idx ON livepush_jobs (runtime_id)
     WHERE state = 'running';
 
--- Failed jobs, newest first (jobs.list_failed). Without it the list read every finished job
--- retention keeps to find the failed ones among them.
+-- Failed jobs, newest first (jobs.list_failed, and the FAILED count of `livepush status`).
+-- Without it both read every finished job retention keeps to find the failed ones among them.
 -- An entry only for a job that fails for good: that update rewrites the row outside HOT anyway
 -- (its state changes), so this adds one insert there and nothing to enqueues, claims or
 -- successes.

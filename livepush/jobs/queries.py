@@ -981,6 +981,27 @@ SELECT c.id, c.queue FROM (
 WHERE c.over_slots OR (c.rate IS NOT NULL AND c.nth > floor(c.tokens))
 """
 
+# The jobs `livepush status` counts, each state read through the partial index that holds it
+# (sql/0003_jobs.sql, 0006_workflows.sql, 0008_claim_limits.sql): the unfinished ones, and the
+# failed ones when `failed`. One `state IN (...)` over them all matched none of those indexes,
+# and read the whole table, every finished job that retention keeps included. Available jobs
+# split as the three claim indexes split them. With `paused`, each row also says whether it is a
+# step of a paused run (`paused_step`, _HELD_BY_PAUSE), asked only where a step can be: costed for
+# every row, that lookup put the report's plan past jit_above_cost, and Postgres spent longer
+# compiling the plan than running it. A body for a FROM (...) j.
+def _counted_jobs(columns: str, *, failed: bool, paused: bool) -> str:
+    states = [("state = 'available' AND NOT limited AND workflow_id IS NULL", False),
+              ("state = 'available' AND limited", True),
+              ("state = 'available' AND workflow_id IS NOT NULL AND NOT limited", True),
+              ("state IN ('scheduled', 'waiting')", False),
+              ("state = 'running'", False)]
+    if failed:
+        states.append(("state = 'failed'", False))
+    return "\n    UNION ALL ".join(
+        f"SELECT {columns}{(', ' + (_HELD_BY_PAUSE if step else 'false') + ' AS paused_step') if paused else ''} "
+        f"FROM livepush_jobs j WHERE {where}" for where, step in states)
+
+
 # name: queue_status
 # A plain read. Per queue: jobs available now (depth: but a paused run's steps, _HELD_BY_PAUSE, and
 # the jobs their limits hold back, counted apart as `held`, _HELD_BY_LIMITS) and
@@ -988,9 +1009,8 @@ WHERE c.over_slots OR (c.rate IS NOT NULL AND c.nth > floor(c.tokens))
 # parked: they hold no slot) and failed (kept until retention deletes them). Finished jobs that
 # succeeded or were cancelled are left out. Queues that a registered runtime serves are listed
 # even with nothing in them, so an idle queue shows as 0 rather than not at all, and so are paused
-# queues (`paused`: no runtime claims from it, jobs.pause_queue()). This scans the
-# unfinished and failed rows of livepush_jobs (failed jobs have no index): an operator's
-# occasional read, never on a job's path.
+# queues (`paused`: no runtime claims from it, jobs.pause_queue()). Reads the unfinished and
+# failed rows only (_counted_jobs), never the succeeded and cancelled ones retention keeps.
 QUEUE_STATUS = f"""
 WITH held AS ({_HELD_BY_LIMITS}), counts AS (
     SELECT queue,
@@ -1002,9 +1022,9 @@ WITH held AS ({_HELD_BY_LIMITS}), counts AS (
            count(*) FILTER (WHERE state = 'waiting') AS waiting,
            count(*) FILTER (WHERE state = 'failed') AS failed
     FROM (SELECT j.queue, j.state, j.run_at, h.id IS NOT NULL AS held,
-                 j.state = 'available' AND NOT {_HELD_BY_PAUSE} AND h.id IS NULL AS claimable
-          FROM livepush_jobs j LEFT JOIN held h ON h.id = j.id
-          WHERE j.state IN ('available', 'scheduled', 'running', 'waiting', 'failed')) j
+                 j.state = 'available' AND NOT j.paused_step AND h.id IS NULL AS claimable
+          FROM ({_counted_jobs("j.id, j.queue, j.state, j.run_at", failed=True, paused=True)}) j
+          LEFT JOIN held h ON h.id = j.id) j
     GROUP BY queue
 ), served AS (
     SELECT DISTINCT unnest(queues) AS queue FROM livepush_job_runtimes
@@ -1040,12 +1060,11 @@ ORDER BY r.id
 # name: tag_status
 # A plain read for `livepush status`: the tags of unfinished jobs, with how many carry each, most
 # carried first, and on each row how many distinct tags there are in all (`carried`: the window
-# counts the grouped rows before LIMIT cuts them). Scans the unfinished jobs that have tags (as
-# queue_status scans the unfinished ones): an operator's occasional read, never on a job's path.
-TAG_STATUS = """
+# counts the grouped rows before LIMIT cuts them). Reads the unfinished jobs only (_counted_jobs,
+# as queue_status): the tags index cannot tell which jobs are unfinished.
+TAG_STATUS = f"""
 SELECT tag, count(*)::int AS unfinished, (count(*) OVER ())::int AS carried
-FROM livepush_jobs, unnest(tags) AS tag
-WHERE tags IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'waiting')
+FROM ({_counted_jobs("j.tags", failed=False, paused=False)}) j, unnest(j.tags) AS tag
 GROUP BY tag
 ORDER BY count(*) DESC, tag
 LIMIT %(limit)s
