@@ -54,6 +54,12 @@ CREATE INDEX livepush_groups_parent_idx ON livepush_groups (parent_id) WHERE par
 -- Retention finds finished groups by age.
 CREATE INDEX livepush_groups_finished_idx ON livepush_groups (finished_at) WHERE finished_at IS NOT NULL;
 
+-- `livepush status` lists the newest unfinished groups and counts them all (groups/queries.py:
+-- GROUPS_IN_PROGRESS): without it the report read every finished group retention keeps. The
+-- group row's updates stay as HOT as they were: only its finish changes finished_at, which
+-- livepush_groups_finished_idx already indexes.
+CREATE INDEX livepush_groups_unfinished_idx ON livepush_groups (id) WHERE finished_at IS NULL;
+
 -- Runtimes find the cancels cut off part-way (marked, members left queued: the caller died) by
 -- their age (livepush/jobs/groups/queries.py: CUT_OFF_CANCELS). Cancelled and unfinished groups
 -- are few and short-lived: the index is almost always empty.

@@ -43,6 +43,9 @@ CREATE UNIQUE INDEX livepush_workflows_key_idx ON livepush_workflows (name, key)
 -- jobs.workflows.list(key=): the runs started with a key, finished ones too, newest first
 -- (workflows/queries.py: LIST_KEYED_RUNS). Runs without a key cost nothing here.
 CREATE INDEX livepush_workflows_keys_idx ON livepush_workflows (key, id) WHERE key IS NOT NULL;
+-- `livepush status` lists the newest unfinished runs and counts them all (workflows/queries.py:
+-- RUNS_IN_PROGRESS): without it the report read every finished run retention keeps.
+CREATE INDEX livepush_workflows_unfinished_idx ON livepush_workflows (id) WHERE state IN ('running', 'paused');
 -- Retention finds finished runs by age.
 CREATE INDEX livepush_workflows_finished_idx ON livepush_workflows (finished_at) WHERE finished_at IS NOT NULL;
 

@@ -13,6 +13,7 @@ import pytest
 
 from livepush.jobs import queries
 from livepush.jobs.groups import queries as gq
+from livepush.jobs.workflows import queries as wq
 
 FINISHED = 100_000  # jobs within their retention: enough that the planner prefers an index
 FAILED = FINISHED // 4  # every 4th of them failed, the others succeeded
@@ -72,7 +73,6 @@ def test_retention_with_nothing_due_reads_no_kept_job(kept: str) -> None:
     assert rows_read(kept, gq.PRUNE_JOBS, {"retention": 7 * 86400, "limit": 1000}) == 0
 
 
-
 def test_list_failed_reads_the_failed_jobs_only(kept: str) -> None:
     """jobs.list_failed() of a queue without failures reads the failed jobs, none of the
     succeeded ones around them."""
@@ -86,3 +86,20 @@ def test_status_reads_the_unfinished_and_failed_jobs_only(kept: str) -> None:
     assert rows_read(kept, queries.QUEUE_STATUS, {}) <= UNFINISHED + FAILED
     assert rows_read(kept, queries.TAG_STATUS, {"limit": 20}) <= UNFINISHED
 
+
+def test_status_lists_the_groups_and_runs_in_progress_without_reading_the_finished_ones(jobs_db: str) -> None:
+    """`livepush status` finds the unfinished task groups and workflow runs it lists and counts
+    through an index, beside the finished ones retention keeps."""
+    with psycopg.connect(jobs_db, autocommit=True) as conn:
+        conn.execute(f"""
+            INSERT INTO livepush_groups (state, shards, finished_at)
+            SELECT CASE WHEN i <= {UNFINISHED} THEN 'sealed' ELSE 'finished' END, 1,
+                   CASE WHEN i > {UNFINISHED} THEN now() END
+            FROM generate_series(1, {FINISHED}) i;
+            INSERT INTO livepush_workflows (name, queue, state, graph, input, finished_at)
+            SELECT 'app.flow', 'default', CASE WHEN i <= {UNFINISHED} THEN 'running' ELSE 'succeeded' END,
+                   '{{"order": []}}', '{{}}', CASE WHEN i > {UNFINISHED} THEN now() END
+            FROM generate_series(1, {FINISHED}) i;
+            ANALYZE livepush_groups; ANALYZE livepush_workflows""")
+    assert rows_read(jobs_db, gq.GROUPS_IN_PROGRESS, {"limit": 20}, "livepush_groups") <= UNFINISHED
+    assert rows_read(jobs_db, wq.RUNS_IN_PROGRESS, {"limit": 20}, "livepush_workflows") <= UNFINISHED
