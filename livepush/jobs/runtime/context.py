@@ -239,7 +239,7 @@ class JobContext:
     @overload
     def sleep(self, name: str, seconds: timedelta) -> Coroutine[Any, Any, None]: ...
 
-    def sleep(self, name: Any = LEFT_OUT, seconds: Any = LEFT_OUT) -> Coroutine[Any, Any, None]:
+    def sleep(self, name: Any = LEFT_OUT, seconds: Seconds = LEFT_OUT) -> Coroutine[Any, Any, None]:
         """A durable sleep: park for `seconds` (or a timedelta; no slot held), then go on. `name` is
         unique in a job."""
         if name is LEFT_OUT or seconds is LEFT_OUT:
@@ -502,7 +502,7 @@ class SyncJobContext:
     @overload
     def sleep(self, name: str, seconds: timedelta) -> None: ...
 
-    def sleep(self, name: Any = LEFT_OUT, seconds: Any = LEFT_OUT) -> None:
+    def sleep(self, name: Any = LEFT_OUT, seconds: Seconds = LEFT_OUT) -> None:
         self._call(self._inner.sleep(name, seconds))
 
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
