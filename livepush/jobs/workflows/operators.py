@@ -118,25 +118,25 @@ def skip(run_id: int, step: str, *, actor: str | None = None, reason: str | None
 
 @awaited("jobs.workflows.apause()")
 async def apause(run_id: int, *, actor: str | None = None, reason: str | None = None) -> bool:
-    """pause() for async code."""
+    """jobs.workflows.pause() for async code."""
     return await _averb(run_id, "pause", None, actor, reason)
 
 
 @awaited("jobs.workflows.aresume()")
 async def aresume(run_id: int, *, actor: str | None = None, reason: str | None = None) -> bool:
-    """resume() for async code."""
+    """jobs.workflows.resume() for async code."""
     return await _averb(run_id, "resume", None, actor, reason)
 
 
 @awaited("jobs.workflows.acancel()")
 async def acancel_run(run_id: int, *, actor: str | None = None, reason: str | None = None) -> bool:
-    """cancel() for async code."""
+    """jobs.workflows.cancel() for async code."""
     return await _averb(run_id, "cancel", None, actor, reason)
 
 
 @awaited("jobs.workflows.askip()")
 async def askip(run_id: int, step: str, *, actor: str | None = None, reason: str | None = None) -> bool:
-    """skip() for async code."""
+    """jobs.workflows.skip() for async code."""
     return await _averb(run_id, "skip", check_name(step, "skip()"), actor, reason)
 
 
@@ -273,7 +273,7 @@ def signal(run_id: int, name: str, data: Any = None, *, actor: str | None = None
 @awaited("jobs.workflows.asignal()")
 async def asignal_run(run_id: int, name: str, data: Any = None, *, actor: str | None = None,
                       key: str | None = None) -> None:
-    """signal() for async code."""
+    """jobs.workflows.signal() for async code."""
     run_id, name = _run_id(run_id), check_name(name, "signal()")
     text, actor = encode(data, "data", InvalidArgumentsError, "signal data"), _text(actor, "actor")
     key = check_key(key, "jobs.workflows.signal(key=)")
@@ -315,7 +315,7 @@ def get(run_id: int) -> dict[str, Any] | None:
 
 
 async def aget(run_id: int) -> dict[str, Any] | None:
-    """get() for async code."""
+    """jobs.workflows.get() for async code."""
     run_id = checked_id(run_id, "run_id")
     async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(wq.RUN_SNAPSHOT)
@@ -342,7 +342,7 @@ def list_runs(name: str | None = None, state: str | None = None, *, before: int 
 
 async def alist_runs(name: str | None = None, state: str | None = None, *, before: int | None = None,
                      limit: int = 100, key: str | None = None) -> tuple[list[dict[str, Any]], int | None]:
-    """list() for async code."""
+    """jobs.workflows.list() for async code."""
     statement, params = _list_params(name, state, before, limit, key)
     async with database.aconnection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(statement, params, prepare=False)  # planned for its values: see wq.LIST_RUNS
