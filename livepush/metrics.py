@@ -148,7 +148,7 @@ JOBS_RESCUED = Counter("livepush_jobs_rescued", "Jobs taken back from runtimes t
 _KNOWN_LABELS: tuple[tuple[Counter, tuple[str, ...]], ...] = (
     (RESETS, ("history", "slow_client")),
     (SLOW_CLIENT_ACTIONS, ("conflated", "replayed", "reset", "closed")),
-    (REFUSALS, ("origin", "full", "duplicate_header", "session_store_unavailable")),
+    (REFUSALS, ("origin", "full", "duplicate_header", "missing_host", "session_store_unavailable")),
 )
 _QUEUE_COUNTERS = (JOBS_CLAIMED, JOBS_SUCCEEDED, JOBS_FAILED, JOBS_RETRIED)
 

@@ -247,6 +247,12 @@ class PushServer:
         path = http.route(request.path)
         if not http.is_websocket(request):
             return await self._plain_http(request, path)  # a HEAD's body is dropped by the core
+        if "Host" not in request.headers:
+            # RFC 9112 asks a 400 of an HTTP/1.1 request without Host. Only upgrades are held to
+            # it (every browser sends one): a hand-written health probe that leaves it out is answered.
+            self._quiet.debug("refused an upgrade without a Host header")
+            metrics.REFUSALS.labels("missing_host").inc()
+            return http.response(400, b"an HTTP/1.1 request needs a Host header\n")
         if self._draining:
             return drain.refusal(self._drain_end - asyncio.get_running_loop().time())
         if self._full():

@@ -61,6 +61,20 @@ async def test_duplicated_headers_get_400_and_no_traceback(served: Served, caplo
     assert "Traceback" not in caplog.text
 
 
+async def test_an_upgrade_without_a_host_header_gets_400_saying_so(served: Served, caplog: pytest.LogCaptureFixture) -> None:
+    """Every HTTP/1.1 request names its Host (RFC 9112 asks a server to refuse one that does not, with 400): an
+    upgrade without one is refused, and an empty Host counts as one; a plain request (a health probe) is still answered."""
+    caplog.set_level(logging.DEBUG)
+    port = served.server.port
+    base = [(name, value) for name, value in upgrade_headers(port) if name != "Host"]
+    answer = await asyncio.to_thread(raw_request, port, base)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:80]
+    assert b"Host header" in answer, answer
+    assert (await asyncio.to_thread(raw_request, port, base + [("Host", "")])).startswith(b"HTTP/1.1 101")
+    assert (await asyncio.to_thread(raw_request, port, [], "/healthz")).startswith(b"HTTP/1.1 200")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
+
+
 async def test_a_request_target_that_is_not_a_url_is_answered_without_a_traceback(
     served: Served, caplog: pytest.LogCaptureFixture
 ) -> None:
