@@ -209,7 +209,7 @@ async def forgets_await(ctx: Any, how: str) -> str:
 
 
 MISUSES = ("input not JSON", "empty name", "empty name in a task group", "negative sleep", "sleep of a str", "negative timeout", "not callable",
-           "sleep without a name", "sleep without seconds", "wait without a name", "keyword arguments", "children of an int", "own ValueError", "jobs.signal of an empty name")
+           "sleep without a name", "sleep without seconds", "sleep of a bool", "wait without a name", "keyword arguments", "children of an int", "own ValueError", "jobs.signal of an empty name")
 
 
 async def misuse(ctx: Any, how: str) -> Any:
@@ -236,6 +236,8 @@ async def misuse(ctx: Any, how: str) -> Any:
         return await ctx.sleep(3600)
     if how == "sleep without seconds":
         return await ctx.sleep("nap")
+    if how == "sleep of a bool":
+        return await ctx.sleep(True)
     if how == "wait without a name":
         return await ctx.wait_for_signal(timeout=5)
     if how == "not callable":

@@ -539,6 +539,9 @@ async def test_an_input_that_cannot_be_fingerprinted_fails_naming_its_checkpoint
                                          "ctx.sleep('nap', 3600) for ctx.sleep(3600)"),
     (dj.misuse_retried, "sleep without seconds", "ctx.sleep('nap') takes the seconds to sleep (or a timedelta) after its "
                                           "name: ctx.sleep('nap', 3600)"),
+    # A bool is neither a name nor seconds: told the call's form, not to give True a number.
+    (dj.misuse_retried, "sleep of a bool", "ctx.sleep(name, seconds) takes a name and the seconds to sleep: "
+                                           "ctx.sleep('nap', 3600) for ctx.sleep(True)"),
     (dj.misuse_retried, "wait without a name", "ctx.wait_for_signal() takes the name of the signal to wait for: "
                                         "ctx.wait_for_signal('approved', timeout=5)"),
     (dj.misuse_sync, "sleep without seconds", "ctx.sleep('nap') takes the seconds to sleep"),

@@ -121,8 +121,12 @@ def _sleep_left_out(name: Any, seconds: Any) -> str:
     if isinstance(name, (int, float, timedelta)) and not isinstance(name, bool):
         return (f"ctx.sleep(name, seconds) takes a name first, then the seconds: ctx.sleep('nap', {name!r:.40}) "
                 f"for ctx.sleep({name!r:.40})")
-    return (f"ctx.sleep({name!r:.80}) takes the seconds to sleep (or a timedelta) after its name: "
-            f"ctx.sleep({name!r:.80}, 3600)")
+    if isinstance(name, str):
+        return (f"ctx.sleep({name!r:.80}) takes the seconds to sleep (or a timedelta) after its name: "
+                f"ctx.sleep({name!r:.80}, 3600)")
+    # Neither a name nor seconds (True, None): the call's form, not advice to keep it as the name.
+    return (f"ctx.sleep(name, seconds) takes a name and the seconds to sleep: ctx.sleep('nap', 3600) "
+            f"for ctx.sleep({name!r:.40})")
 
 
 class JobContext:
