@@ -727,6 +727,27 @@ async def test_reattempt_runs_the_step_again_later_without_spending_an_attempt(f
     assert done["steps"]["first"]["attempt"] == 1 and done["steps"]["first"]["output"] == "first done", done["error"]
 
 
+async def test_a_reattempt_with_a_wait_it_cannot_take_fails_the_step_at_once(
+        flows_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ctx.flow.reattempt(wait=-1)` is the step's code refusing itself: every attempt would make the
+    same call, so the step fails on its first attempt, naming the call, as a durable ctx call given
+    what it does not take does, rather than spending its retries."""
+    monkeypatch.setattr(REGISTRY, "_functions", dict(REGISTRY._functions))
+    monkeypatch.setitem(WORKFLOWS, "t_bad_reattempt", None)
+    flow = jobs.workflow("t_bad_reattempt", queue="flows")
+
+    @flow.step(max_attempts=3)
+    async def again(ctx: Any) -> None:
+        ctx.flow.reattempt(wait=-1)
+
+    async with running():
+        run = await flow.astart()
+        done = await run_state(run.id, {"succeeded", "failed"})
+    step = done["steps"]["again"]
+    assert done["state"] == "failed" and step["attempt"] == 1, done
+    assert (step["error"] or "").startswith("ArgumentValueError: ctx.flow.reattempt(wait=) takes"), step["error"]
+
+
 async def test_a_step_waiting_for_its_next_attempt_shows_running_and_a_parked_one_waiting(
         flows_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """`waiting` is a step whose job is parked (its batch, a signal, a durable ctx.sleep); a step

@@ -29,7 +29,7 @@ from ..api.options import check_key
 from ...types import Seconds, as_seconds, is_finite
 from ..api.registry import JobRequest, JobSpec
 from ..errors import (GroupLimitError, InvalidArgumentsError, InvalidResultError, JobCancelled, Reattempt,
-                      SignalTimeout, WorkflowDefinitionError, WorkflowStepWaitError)
+                      SignalTimeout, WorkflowDefinitionError, WorkflowStepWaitError, durable_call_refusal)
 from ..groups import building, steps
 from ..groups.transactions import ain_tx, in_tx
 from ..runtime.context import LEFT_OUT, SyncJobContext
@@ -115,8 +115,10 @@ class Flow:
         """Run this step again in `wait` seconds (or a timedelta), its attempt not spent."""
         wait = as_seconds(wait)
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not (is_finite(wait) and wait >= 0):
-            raise ArgumentValueError(f"ctx.flow.reattempt(wait=) takes a finite number of seconds or a timedelta, "
-                                     f"got {wait!r:.60}")
+            # The step's own code would make the same call again: it fails at once, as a durable
+            # ctx call given what it does not take does, rather than spending its attempts.
+            raise durable_call_refusal(ArgumentValueError(
+                f"ctx.flow.reattempt(wait=) takes a finite number of seconds from 0, or a timedelta, got {wait!r:.60}"))
         raise Reattempt(float(wait))
 
 
