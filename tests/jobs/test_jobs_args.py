@@ -72,6 +72,9 @@ class Plan(enum.Enum):
     (types.MappingProxyType({"a": 1}), "use a dict (dict(value)) instead"),
     (collections.deque([1, 2]), "use a list (list(value)) instead"),
     ((n for n in range(3)), "use a list (list(value)) instead"),
+    ({3, 1}, "use a list (sorted(value)) instead"),
+    # sorted() raises on items of kinds that do not compare: the advice must work when followed.
+    ({"acme", 7}, "use a list (list(value)) instead"),
 ])
 def test_a_value_json_cannot_hold_is_refused_with_advice_that_fits_it(value: object, instead: str) -> None:
     """The refusal says what stands in for the value it names: a UUID, an id already, was told to

@@ -95,6 +95,10 @@ def _instead(value: Any) -> str:
     if isinstance(value, (datetime.date, datetime.time)):  # a datetime is a date
         return "an ISO string (value.isoformat())"
     if isinstance(value, AbstractSet):
+        try:
+            sorted(value)
+        except TypeError:  # items of kinds that do not compare ({"acme", 7}): sorted() would raise
+            return "a list (list(value))"
         return "a list (sorted(value))"
     if isinstance(value, (bytes, bytearray, memoryview)):
         return "text (base64) or a reference to where the bytes are kept"
