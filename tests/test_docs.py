@@ -395,6 +395,21 @@ def test_the_protocol_page_gives_every_close_code_the_reference_does() -> None:
                                                 f"reference lacks {sorted(protocol - reference)}"
 
 
+def test_the_protocol_page_says_what_a_client_does_after_every_close_and_refused_handshake() -> None:
+    """protocol.md's "What a client keeps" says what a client does after each close code of
+    reference §5's table, after the two a client meets without this server sending them (1006, a
+    connection lost with no close frame; 1012, a proxy restarting), and after each status the
+    server refuses an upgrade with, 503's `Retry-After` included: a client written from the page
+    alone must not guess which of them to retry."""
+    table = section("docs/reference.md", "Close codes")
+    codes = set(re.findall(r"^\| (\d{4}) \|", table, re.M)) | {"1006", "1012"}
+    said = section("docs/protocol.md", "What a client keeps")
+    missing = sorted(code for code in codes if not re.search(rf"\b{code}\b", said))
+    assert not missing, f"protocol.md does not say what a client does after close {missing}"
+    for status in ("400", "403", "503", "Retry-After"):
+        assert status in said, f"protocol.md does not say what a client does after a handshake's {status}"
+
+
 def test_every_exit_status_of_the_commands_is_in_the_reference_the_readme_and_help() -> None:
     """Reference §3's exit-status table, README's sentence on it and `livepush --help` give each
     status the `livepush` command exits with (its EXIT_ constants), and no other: a deploy script

@@ -56,6 +56,32 @@ async def test_no_gap_and_no_duplicate_at_the_seam_between_replay_and_live(serve
     await client.close()
 
 
+async def test_a_subscribe_again_brings_after_its_subscribed_every_message_on_its_way_before_it(served: Served) -> None:
+    """A client subscribes again, from the offset it held, to a topic whose messages are on their
+    way to it: what it reads before the new `subscribed` it may ignore (docs/protocol.md, what a
+    client keeps), since the replay after the `subscribed` brings every message after `since`
+    again, once each and in order, and the live ones follow."""
+    client = await WSClient.open(served.url)
+    topic = served.sign("again")
+    since = (await client.subscribe(topic))["offset"]
+    for i in range(5):
+        await served.publish("again", {"i": i})
+    assert (await client.messages(1))[0]["data"] == {"i": 0}  # the rest are on their way, or soon
+    await client.send({"op": "subscribe", "topic": topic, "since": since, "ref": "again"})
+    before = []
+    while (frame := await client.recv())["op"] != "subscribed":
+        assert frame["op"] == "message", frame
+        before.append(frame["data"]["i"])
+    assert frame["ref"] == "again" and before == list(range(1, len(before) + 1)), (frame, before)
+    await served.publish("again", {"i": 5})
+    after = await client.messages(6)
+    assert [m["data"] for m in after] == [{"i": i} for i in range(6)]
+    assert [offset_key(m["offset"]) for m in after] == sorted({offset_key(m["offset"]) for m in after})
+    with pytest.raises(asyncio.TimeoutError):
+        await client.recv(timeout=0.3)
+    await client.close()
+
+
 async def test_latest_offset_closes_the_render_to_subscribe_gap(served: Served) -> None:
     """A page that embeds latest_offset() and subscribes with it misses nothing published in between."""
     await served.publish("doc:1", {"v": 1})

@@ -146,6 +146,27 @@ async def test_a_ref_no_frame_can_carry_back_gets_an_error_and_the_connection_st
     await client.close()
 
 
+async def test_an_error_answers_its_frame_in_the_place_of_that_frames_answer(served: Served) -> None:
+    """An `error` names no ref: it comes where the answer to the frame it is about would, after
+    the answers to the frames sent before it and before those to the frames sent after, and that
+    frame gets no other answer, so a client knows which subscribe it was (docs/protocol.md)."""
+    client = await WSClient.open(served.url)
+    frames = [
+        {"op": "subscribe", "topic": served.sign("order:a"), "since": None, "ref": "a"},
+        {"op": "subscribe", "topic": served.sign("order:b"), "since": None, "ref": {"not": "a ref"}},
+        {"op": "subscribe", "topic": served.sign("order:c"), "since": None, "ref": "c"},
+        {"op": "ping", "ref": "p"},
+    ]
+    for frame in frames:
+        await client.send(frame)
+    answers = [await client.recv() for _ in frames]
+    assert [(a["op"], a.get("ref")) for a in answers] == [
+        ("subscribed", "a"), ("error", None), ("subscribed", "c"), ("pong", "p")], answers
+    with pytest.raises(asyncio.TimeoutError):
+        await client.recv(timeout=0.3)
+    await client.close()
+
+
 async def test_a_client_that_keeps_sending_garbage_is_closed_with_1008(served: Served) -> None:
     """More than 10 bad frames in a minute close the connection with 1008."""
     client = await WSClient.open(served.url)
