@@ -82,6 +82,28 @@ async def test_a_subscribe_again_brings_after_its_subscribed_every_message_on_it
     await client.close()
 
 
+async def test_a_since_ahead_of_the_topic_gets_the_latest_offset_below_it_then_reset_then_the_next_message(
+        served: Served) -> None:
+    """A `since` past the topic's latest offset in its own epoch (kept from a store since restarted or
+    restored) is answered with `subscribed` at the latest offset, below that `since`, and `reset`;
+    the next message's offset is below the `since` too, so a client moves its cursor back to the
+    `subscribed` offset on that reset (docs/protocol.md, what a client keeps) or drops it."""
+    latest = await served.publish("ahead", {"i": 0})
+    first, second = latest.split("-")
+    # Postgres and the local fan-out: later in the same epoch; Redis, whose ids are its clock's
+    # milliseconds and a sequence: ten minutes ahead (its clock set back since that offset).
+    since = f"{int(first) + 600_000}-0" if served.fanout.name == "redis" else f"{first}-{int(second) + 5}"
+    client = await WSClient.open(served.url)
+    answer = await client.subscribe(served.sign("ahead"), since=since)
+    assert (answer["op"], answer["offset"]) == ("subscribed", latest), answer
+    assert await client.recv() == {"op": "reset", "topic": "ahead", "ref": answer["ref"]}
+    await served.publish("ahead", {"i": 1})
+    message = (await client.messages(1))[0]
+    assert message["data"] == {"i": 1}
+    assert offset_key(latest) < offset_key(message["offset"]) < offset_key(since), (latest, message, since)
+    await client.close()
+
+
 async def test_latest_offset_closes_the_render_to_subscribe_gap(served: Served) -> None:
     """A page that embeds latest_offset() and subscribes with it misses nothing published in between."""
     await served.publish("doc:1", {"v": 1})
