@@ -56,17 +56,22 @@ async def test_no_gap_and_no_duplicate_at_the_seam_between_replay_and_live(serve
     await client.close()
 
 
-async def test_a_subscribe_again_brings_after_its_subscribed_every_message_on_its_way_before_it(served: Served) -> None:
-    """A client subscribes again, from the offset it held, to a topic whose messages are on their
-    way to it: what it reads before the new `subscribed` it may ignore (docs/protocol.md, what a
-    client keeps), since the replay after the `subscribed` brings every message after `since`
-    again, once each and in order, and the live ones follow."""
+@pytest.mark.parametrize("unsubscribed", [False, True], ids=["subscribed", "unsubscribed"])
+async def test_a_subscribe_again_brings_after_its_subscribed_every_message_on_its_way_before_it(
+        served: Served, unsubscribed: bool) -> None:
+    """A client subscribes again (still subscribed, or right after an unsubscribe), from the offset
+    it held, to a topic whose messages are on their way to it: what it reads before the new
+    `subscribed` it may ignore (docs/protocol.md, what a client keeps), since the replay after the
+    `subscribed` brings every message after `since` again, once each and in order, and the live
+    ones follow."""
     client = await WSClient.open(served.url)
     topic = served.sign("again")
     since = (await client.subscribe(topic))["offset"]
     for i in range(5):
         await served.publish("again", {"i": i})
     assert (await client.messages(1))[0]["data"] == {"i": 0}  # the rest are on their way, or soon
+    if unsubscribed:
+        await client.send({"op": "unsubscribe", "topic": topic})
     await client.send({"op": "subscribe", "topic": topic, "since": since, "ref": "again"})
     before = []
     while (frame := await client.recv())["op"] != "subscribed":
