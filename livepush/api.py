@@ -67,6 +67,13 @@ def local_fanout_explained() -> None:
     _local_warning_due = False
 
 
+def local_default() -> FanOut | None:
+    """The local fan-out publish() already made in this process, if any: a server on the local
+    fan-out serves that one, whose history holds what the process published before it was made."""
+    with _lock:
+        return _default if _default is not None and _default.name == "local" else None
+
+
 def set_default_fanout(fanout: FanOut | None) -> None:
     """Install the fan-out publish() uses (the wiring, for a server in the same process)."""
     global _default

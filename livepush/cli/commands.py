@@ -251,6 +251,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # Only then: a server with no module of the project's imports nothing from the current
         # folder, so one started from a folder since removed serves all the same.
         importable_from_cwd()  # --with-jobs modules, as `livepush jobs` finds them
+    if settings.fanout == "local":
+        from .. import api
+
+        # What the modules publish at import is this server's (it serves that fan-out), not
+        # another process': the warning that it reaches no server would be wrong here.
+        api.local_fanout_explained()
     app = None
     if args.app:
         from ..sessions.rules import load_app

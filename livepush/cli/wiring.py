@@ -72,7 +72,10 @@ def server_parts(settings: Settings, *, app: App | None = None, with_jobs: Seque
         # where the runtime hears its rings and the state topics are read.
         load_modules(with_jobs)
     listener, subscriber = _listeners(settings)
-    fanout = from_env(settings, listener=listener, subscriber=subscriber)
+    # On the local fan-out, what the modules published at import went into this process's default
+    # one: serving a new one would lose it (a resume from its offsets would get a reset).
+    fanout = (api.local_default() if settings.fanout == "local" else None) \
+        or from_env(settings, listener=listener, subscriber=subscriber)
     store = store_from_settings(settings, listener=listener, subscriber=subscriber)
     states = _job_states(settings, listener)
     ring_store = _store_heard_alone(settings, fanout)

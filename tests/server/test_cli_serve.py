@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import resource
 import signal
 import sys
@@ -158,6 +159,34 @@ def test_rules_that_allow_nothing_without_sessions_are_said_naming_the_flag_that
     said = [line for line in child.stderr().splitlines() if "makes every connection anonymous" in line]
     assert len(said) == 1 and "--authenticate off makes" in said[0] and "LIVEPUSH_AUTHENTICATE" not in said[0], said
     child.stop()
+
+
+async def test_what_an_app_module_publishes_at_import_on_the_local_fan_out_is_in_the_servers_history(
+        procs, livepush_env, tmp_path) -> None:
+    """On the local fan-out the server is the process that publishes: a message the --app module
+    publishes when imported (before the server is made) goes into the server's own history, so a
+    client resuming from its offset gets what followed, not a reset; and the start does not warn
+    that the server "is another process"."""
+    (tmp_path / "greets_at_import.py").write_text(
+        "import json, os\nimport livepush\n\n"
+        "offsets = [livepush.publish('news', {'n': n}) for n in range(2)]\n"
+        "with open(os.environ['OFFSETS_FILE'], 'w') as f:\n    json.dump(offsets, f)\n"
+        "app = livepush.App(rules=[livepush.Allow('news', anonymous=True)])\n")
+    offsets_file = tmp_path / "offsets.json"
+    env = livepush_env(fanout="local", authenticate="optional", extra={"OFFSETS_FILE": str(offsets_file)})
+    child = procs.start([sys.executable, "-m", "livepush", "serve", "--app", "greets_at_import:app"], env=env,
+                        cwd=tmp_path, port=int(env["LIVEPUSH_PORT"]), name="livepush serve --app greets_at_import:app")
+    child.wait_healthy()
+    first, second = json.loads(offsets_file.read_text())
+    client = await WSClient.open(f"ws://127.0.0.1:{env['LIVEPUSH_PORT']}/")
+    try:
+        assert (await client.subscribe("news", since=first))["op"] == "subscribed"
+        (replayed,) = await client.messages(1)
+        assert replayed["op"] == "message" and replayed["data"] == {"n": 1} and replayed["offset"] == second, replayed
+    finally:
+        await client.close()
+    assert child.stop(15) == 0, child.output()
+    assert "another process" not in child.stderr(), child.stderr()
 
 
 def test_missing_app_module_exits_2(procs, livepush_env) -> None:
