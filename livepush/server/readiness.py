@@ -84,7 +84,8 @@ class Canary:
     gauged: bool = True
     # Why its path is made to listen anew when it is late, in the listener's WARNING.
     deaf: str = "no readiness canary came back through it"
-    # [sent_at, offset]; offset None while its publish is under way or after it failed.
+    # [sent_at, offset, out_at]; offset None while its publish is under way, after it failed, or
+    # when its path was not listening as it went out; out_at when its publish returned.
     unanswered: list[list[object]] = field(default_factory=list)
     heard: dict[Offset, float] = field(default_factory=dict)  # heard before its publish returned
     round_trip: float | None = None
@@ -103,17 +104,24 @@ class Canary:
 
     def sent(self, at: float) -> list[object]:
         self.gauge_wait(at)
-        entry: list[object] = [at, None]
+        entry: list[object] = [at, None, at]
         self.unanswered.append(entry)
         if len(self.unanswered) > 64:  # keep the oldest: it says how long the path has been broken
             del self.unanswered[1]
         return entry
 
-    def published(self, entry: list[object], offset: Offset) -> None:
-        entry[1] = offset
+    def published(self, entry: list[object], offset: Offset, at: float | None = None, *,
+                  listening: bool = True) -> None:
+        """Its publish returned `offset` at `at` (when it was sent, if not given). One that went out
+        while its path did not listen (lost, reconnecting) cannot come back, and says nothing of
+        the listener that comes back after it: it counts as one whose publish failed."""
         heard_at = self.heard.pop(offset, None)
         if heard_at is not None:
+            entry[1] = offset
             self._answer(entry, heard_at)
+        elif listening:
+            entry[1] = offset
+            entry[2] = entry[0] if at is None else at
 
     def on_heard(self, offset: Offset, now: float) -> None:
         for entry in self.unanswered:
@@ -142,12 +150,13 @@ class Canary:
                 metrics.CANARY_SECONDS.set(waited)
 
     def deaf_for(self, now: float) -> float | None:
-        """How long the oldest canary published and not heard back has waited, None when none
-        has. A canary whose publish failed does not count: the fan-out is down, and its listener
-        sees that itself; hearing anew would not make it come back."""
+        """How long the oldest canary published and not heard back has waited since its publish
+        returned, None when none has. A canary whose publish failed does not count: the fan-out is
+        down, and its listener sees that itself; hearing anew would not make it come back. Nor does
+        the time its publish waited: one that waited out an outage went out as it ended."""
         for entry in self.unanswered:
             if entry[1] is not None:
-                return now - float(entry[0])  # type: ignore[arg-type]
+                return now - float(entry[2])  # type: ignore[arg-type]
         return None
 
     def check(self, now: float) -> tuple[bool, dict[str, object]]:
@@ -300,7 +309,7 @@ class Readiness:
                 else:
                     # Only a ring sent says the listener is deaf when it does not come back (one
                     # heard before this returned is matched here); one that failed says nothing of it.
-                    canary.published(ring, token)
+                    canary.published(ring, token, self.clock(), listening=part.listening)
             entry = self.canary.sent(self.clock())
             try:
                 offset = await self.fanout.apublish(CANARY_TOPIC, {"server": self.server_id, "n": n})
@@ -319,7 +328,7 @@ class Readiness:
                 log.debug("canary publish failed: %s", first_line(exc))
             else:
                 self.canary.refused = None
-                self.canary.published(entry, offset)
+                self.canary.published(entry, offset, self.clock(), listening=self.fanout.listening)
                 await self._read_back(offset)
             if self._schema is not None and self.clock() >= next_schema:
                 next_schema = self.clock() + self.schema_every

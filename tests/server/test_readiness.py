@@ -266,6 +266,58 @@ async def test_a_state_ring_that_could_not_be_sent_asks_no_state_source_to_liste
     assert states.relistens == []
 
 
+def test_a_canary_whose_publish_waited_out_an_outage_is_late_from_when_it_went_out() -> None:
+    """A publish that waited a minute for a connection to a database that was away goes out when
+    the database is back: the canary is deaf from then, not from when the loop began it. Counted
+    from its start, the fan-out was made to listen anew the moment the outage ended, a loss, a
+    catch-up and two WARNINGs for a listener that had just reconnected and heard."""
+    fanout = _DeafFanOut()
+    readiness = Readiness(fanout, away=lambda: None, draining=lambda: False, every=2.0, bound=5.0,
+                          clock=lambda: fanout.now)
+    readiness.canary.published(readiness.canary.sent(0.0), "1-1", at=60.0)
+    for t in range(60, 72):
+        fanout.now = float(t)
+        readiness._relisten_if_deaf(fanout.now)
+    assert fanout.relistens == [71.0]
+
+
+class _ListenerAwayStates(_DeafStates):
+    """A state source whose listener is away while its ring goes out (lost a moment before, and
+    back after): the ring's NOTIFY reaches no LISTEN, and the loop's next ring waits meanwhile."""
+
+    def __init__(self, fanout: _DeafFanOut) -> None:
+        super().__init__(fanout)
+        self.listening = False
+        self.next_ring: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def ring_canary(self, token: str) -> None:
+        self.rings.append(token)
+        if len(self.rings) > 1:
+            await self.next_ring  # a pool that cannot connect: the next ring waits
+
+
+async def test_a_ring_that_went_out_while_its_listener_was_away_asks_for_no_re_listen() -> None:
+    """A ring sent while its own listener is away (lost, reconnecting) cannot be heard, and says
+    nothing of the listener that comes back: counted, it had the listener that had just
+    reconnected dropped again, which with Postgres out of connection slots stayed away a minute."""
+    fanout = _DeafFanOut()
+    states = _ListenerAwayStates(fanout)
+    readiness = Readiness(fanout, away=lambda: None, draining=lambda: False, states=[states],  # type: ignore[list-item]
+                          every=0.01, bound=0.05, clock=lambda: fanout.now)
+    ringing = asyncio.create_task(readiness._ring())
+    try:
+        await async_wait_for(lambda: len(states.rings) >= 2, 5.0, message="a ring sent, the next one waiting")
+        states.listening = True  # the listener is back
+        readiness.canary.unanswered.clear()  # the fan-out's canaries come back: its listener hears
+        fanout.now = 100.0
+        readiness._relisten_if_deaf(fanout.now)
+        assert states.relistens == []
+    finally:
+        ringing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ringing
+
+
 class _ScriptedFanOut(LocalFanOut):
     """A fan-out whose each canary publish waits for the next error put in `failures`, and raises it."""
 
