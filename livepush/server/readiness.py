@@ -227,6 +227,9 @@ class Readiness:
                 deaf="no revocation ring came back through it (readiness's ring of the revocation store)")
         self.server_id = uuid.uuid4().hex[:12]
         self._refusals = Repeats(log)
+        # When the canary's publish or read was first refused (a grant revoked), None while neither
+        # is: its end is said once, with how long it lasted, as a listener says it is back.
+        self._refused_since: float | None = None
         self._schema_problem: str | None = None
         self._schema_checked_at: float | None = None
 
@@ -316,6 +319,7 @@ class Readiness:
             except ConfigError as exc:  # a grant or an ACL rule lacking (AclRefused): no outage, so said, once a minute
                 reraise_if_cancelled()
                 self.canary.refused = first_line(exc)
+                self._refused_since = self._refused_since if self._refused_since is not None else self.clock()
                 self._refusals.warning("the readiness canary could not be published, so this server stays "
                                        "unready: %s", self.canary.refused)
             except Exception as exc:  # the fan-out is down: the canary stays unanswered
@@ -329,7 +333,10 @@ class Readiness:
             else:
                 self.canary.refused = None
                 self.canary.published(entry, offset, self.clock(), listening=self.fanout.listening)
-                await self._read_back(offset)
+                if await self._read_back(offset) and self._refused_since is not None:
+                    log.warning("the readiness canary is published and read again after %.1f s of refusals: this "
+                                "server is ready again once it comes back", self.clock() - self._refused_since)
+                    self._refused_since = None
             if self._schema is not None and self.clock() >= next_schema:
                 next_schema = self.clock() + self.schema_every
                 await self._check_schema()
@@ -339,24 +346,27 @@ class Readiness:
             reraise_if_cancelled()
             await asyncio.sleep(self.every)
 
-    async def _read_back(self, offset: Offset) -> None:
+    async def _read_back(self, offset: Offset) -> bool:
         """Read the canary's topic from the canary's `offset` (at most one message: another
         server's canary), as a subscribe with history reads: a role refused that read (a grant
         revoked) serves no history, which no round trip of the canary shows. Only a refusal counts;
-        a read that fails otherwise leaves the outage to the canary."""
+        a read that fails otherwise leaves the outage to the canary. Whether the read was made."""
         try:
             await self.fanout.history(CANARY_TOPIC, offset, limit=1, timeout=self.canary.bound)
         except ConfigError as exc:  # a privilege the role lacks: said as the publish's refusal is
             reraise_if_cancelled()
             self.canary.unread = first_line(exc)
+            self._refused_since = self._refused_since if self._refused_since is not None else self.clock()
             self._refusals.warning("the readiness canary's topic could not be read from the history, so this server "
                                    "stays unready: %s", self.canary.unread)
+            return False
         except Exception as exc:
             reraise_if_cancelled()
             self.canary.unread = None  # not known now: the grant may be back
             log.debug("canary history read failed: %s", first_line(exc))
-        else:
-            self.canary.unread = None
+            return False
+        self.canary.unread = None
+        return True
 
     async def _check_schema(self) -> None:
         assert self._schema is not None

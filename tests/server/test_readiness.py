@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -399,6 +400,51 @@ async def test_a_refused_history_read_is_not_named_once_the_fan_out_fails_for_an
         ringing.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await ringing
+
+
+class _GrantedAgainFanOut(_UnreadableFanOut):
+    """A scripted fan-out whose history read is refused only while `read_refused`."""
+
+    read_refused = False
+
+    async def history(self, topic: str, since: str, *, limit: int = 100,  # type: ignore[override]
+                      timeout: float | None = None) -> None:
+        if self.read_refused:
+            await super().history(topic, since, limit=limit, timeout=timeout)
+
+
+async def test_a_canary_refused_and_then_allowed_again_says_so_once_with_how_long_it_was_refused(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A grant revoked and given back: the refusal is one WARNING (at most once a minute), and its
+    end is one more, with how long it lasted, as the listeners say they are back. Without it the
+    log's last word was the refusal, and an operator could not tell it was over."""
+    caplog.set_level(logging.WARNING, "livepush.server")
+    fanout = _GrantedAgainFanOut()
+    now = [0.0]
+    readiness = Readiness(fanout, away=lambda: None, draining=lambda: False, every=0.01, bound=5.0,
+                          clock=lambda: now[0])
+    refusal = ConfigError("permission denied for table livepush_messages: run livepush migrate --runtime-role ROLE")
+    ringing = asyncio.create_task(readiness._ring())
+    try:
+        for outcome in (refusal, refusal, "1-1"):
+            fanout.failures.put_nowait(outcome)  # type: ignore[arg-type]
+        fanout.read_refused = True  # the read after the publish that goes through is refused too
+        await async_wait_for(lambda: readiness.canary.unread is not None, 5.0, message="the read to be refused")
+        now[0] = 42.0
+        fanout.read_refused = False
+        fanout.failures.put_nowait("1-2")  # type: ignore[arg-type]
+        fanout.failures.put_nowait("1-3")  # type: ignore[arg-type]
+        await async_wait_for(lambda: fanout.publishes == 5, 5.0, message="the canary published and read again")
+        await asyncio.sleep(0.05)  # the loop's round after the last publish
+    finally:
+        ringing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ringing
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 3, said
+    assert said[0].startswith("the readiness canary could not be published") and "history" in said[1], said
+    assert said[2] == "the readiness canary is published and read again after 42.0 s of refusals: this server " \
+                      "is ready again once it comes back", said
 
 
 # -- a real server on each fan-out --------------------------------------------------------------
