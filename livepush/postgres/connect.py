@@ -111,6 +111,16 @@ class PoolBusy(PoolTimeout):
         super().__init__(f"every connection of the pool {name} ({size}) stayed busy for {timeout:g} s")
 
 
+class PoolUnreachable(PoolTimeout):
+    """A pool's wait for a connection ran out while its attempts to connect failed (the server is
+    down, or refuses the login): translate() says it as that failure, `cause`, where a plain
+    timeout named neither the reason nor, as PoolBusy, the right one (pools.py raises it)."""
+
+    def __init__(self, name: str, timeout: float, cause: BaseException) -> None:
+        super().__init__(f"the pool {name} could not connect within {timeout:g} s ({first_line(cause)})")
+        self.cause = cause
+
+
 CONNECT_TIMEOUT = 5  # seconds; a server that does not answer fails the command rather than hanging it
 # TCP keepalives of every connection, unless the URL sets its own: a server gone without closing
 # its connections (a failover whose old primary vanished, a NAT that forgot the flow) is found
@@ -253,6 +263,8 @@ def _login_refused(url: str, exc: BaseException) -> LoginRefused | None:
 
 def translate(url: str, exc: BaseException) -> Exception:
     """Our error for a psycopg (or pool) error raised while working on the database at `url`."""
+    if isinstance(exc, PoolUnreachable):
+        return translate(url, exc.cause)
     refused = _login_refused(url, exc)
     if refused is not None:
         return refused
@@ -324,8 +336,10 @@ def translate(url: str, exc: BaseException) -> Exception:
 def as_warned(url: str, exc: BaseException) -> BaseException:
     """What a warning of work that goes on (a runtime's loops, tried again) shows of `exc`: a
     privilege the role lacks as translate() says it, with the command that grants it, where the
-    driver names only the table; anything else as it was raised, its own words."""
-    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+    driver names only the table; a lost connection or a pool's wait that ran out likewise, naming
+    the database and why (the driver's and psycopg_pool's own words name neither); anything else
+    as it was raised, its own words."""
+    if isinstance(exc, (psycopg.errors.InsufficientPrivilege, psycopg.OperationalError)):
         return translate(url, exc)
     return exc
 

@@ -15,13 +15,13 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
 
-from .connect import PoolBusy, aconnect, connect, connect_defaults, connection_options, translate
+from .connect import PoolBusy, PoolUnreachable, aconnect, connect, connect_defaults, connection_options, translate
 
 OPEN_TIMEOUT = 5.0  # seconds a first use waits for the pool's first connection
 # The longest a pool waits between two attempts to connect again, as the listeners (listener.py):
@@ -39,28 +39,48 @@ def _capped(attempt: AttemptWithBackoff | None) -> AttemptWithBackoff | None:
     return attempt
 
 
+log = logging.getLogger("livepush.postgres.pools")
+
+
 class _QuietReconnects(logging.Filter):
     """psycopg_pool logs every failed attempt to connect at WARNING, two lines each: with an
-    attempt a second per pool, a process logged several a second for as long as Postgres was down.
-    Of livepush's pools (named "livepush-..."), each pool's failures are logged at most once a
-    minute; the rest of psycopg_pool's lines, and other pools', pass untouched."""
-
-    EVERY = 60.0
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._logged: dict[str, float] = {}
+    attempt a second per pool, a process logged several a second for as long as Postgres was down,
+    in the driver's words (a host and port, no database, nothing of what livepush does meanwhile).
+    Of livepush's pools (named "livepush-..."), the failures are said by `_ConnectFailures` instead;
+    the rest of psycopg_pool's lines, and other pools', pass untouched."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
-        if not (record.msg == "error connecting in %r: %s" and isinstance(args, tuple) and args
-                and str(args[0]).startswith("livepush-")):
-            return True
+        return not (record.msg == "error connecting in %r: %s" and isinstance(args, tuple) and args
+                    and str(args[0]).startswith("livepush-"))
+
+
+class _ConnectFailures:
+    """What a pool knows of its attempts to connect: the error of the last one while they fail
+    (None once one succeeds), so that a caller whose wait ran out is told why; and a WARNING in
+    livepush's words, saying the database and what to do, at the first failure of a run (at most
+    once a minute per pool name, should connections come and go). Not again while the run lasts:
+    the listener says a long outage once a minute, and the calls that fail say what they failed;
+    each of a process's pools saying it too made a minute's outage a dozen lines."""
+
+    EVERY = 60.0
+    _said: ClassVar[dict[str, float]] = {}  # pool name -> when its failure was last said (monotonic)
+
+    def __init__(self, name: str, url: str) -> None:
+        self.name = name
+        self.url = url
+        self.last: BaseException | None = None
+
+    def failed(self, exc: BaseException) -> None:
+        first, self.last = self.last is None, exc
         now = time.monotonic()
-        if now - self._logged.get(str(args[0]), -self.EVERY) < self.EVERY:
-            return False
-        self._logged[str(args[0])] = now
-        return True
+        if first and now - self._said.get(self.name, -self.EVERY) >= self.EVERY:
+            self._said[self.name] = now
+            log.warning("the Postgres pool %s cannot connect, trying again about every %g s (said once until it "
+                        "connects): %s", self.name, RECONNECT_CAP, translate(self.url, exc))
+
+    def connected(self) -> None:
+        self.last = None
 
 
 class _QuietHandBacks(logging.Filter):
@@ -169,10 +189,14 @@ async def aclosed_while_idle(conn: psycopg.AsyncConnection) -> bool:
         return True
 
 
-def _busy(pool: ConnectionPool | AsyncConnectionPool, timeout: float | None) -> PoolBusy | None:
-    """PoolBusy when a wait for a connection that ran out found the pool holding every connection
-    it may open, none free (busy, not short of connections: a server that cannot be reached leaves
-    the pool short); None otherwise."""
+def _busy(pool: Pool | AsyncPool, timeout: float | None) -> PoolTimeout | None:
+    """Why a wait for a connection ran out: PoolUnreachable while the pool's attempts to connect
+    fail (it counts a connection it is trying to replace as held, so it looks busy then too);
+    PoolBusy when it holds every connection it may open, none free (busy, not short of
+    connections); None otherwise."""
+    failure = pool.connect_failures.last
+    if failure is not None:
+        return PoolUnreachable(pool.name, pool.timeout if timeout is None else timeout, failure)
     stats = pool.get_stats()
     if stats.get("pool_size", 0) >= pool.max_size and stats.get("pool_available", 0) == 0:
         return PoolBusy(pool.name, pool.max_size, pool.timeout if timeout is None else timeout)
@@ -203,8 +227,21 @@ class Pool(ConnectionPool):
     It tries to connect again at least every RECONNECT_CAP seconds while it is short of
     connections."""
 
+    def __init__(self, conninfo: str, **kwargs: Any) -> None:
+        self.connect_failures = _ConnectFailures(str(kwargs.get("name") or "pool"), conninfo)
+        super().__init__(conninfo, **kwargs)
+
     def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
         super()._add_connection(_capped(attempt), growing)
+
+    def _connect(self, timeout: float | None = None) -> Any:
+        try:
+            conn = super()._connect(timeout)
+        except Exception as exc:
+            self.connect_failures.failed(exc)
+            raise
+        self.connect_failures.connected()
+        return conn
 
     def getconn(self, timeout: float | None = None) -> Any:
         try:
@@ -240,8 +277,21 @@ class AsyncPool(AsyncConnectionPool):
 
     _guard: asyncio.Task[None] | None = None
 
+    def __init__(self, conninfo: str, **kwargs: Any) -> None:
+        self.connect_failures = _ConnectFailures(str(kwargs.get("name") or "pool"), conninfo)
+        super().__init__(conninfo, **kwargs)
+
     async def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
         await super()._add_connection(_capped(attempt), growing)
+
+    async def _connect(self, timeout: float | None = None) -> Any:
+        try:
+            conn = await super()._connect(timeout)
+        except Exception as exc:
+            self.connect_failures.failed(exc)
+            raise
+        self.connect_failures.connected()
+        return conn
 
     async def open(self, wait: bool = False, timeout: float = 30.0) -> None:
         # The guard first: an open cancelled while it waits for its first connections has

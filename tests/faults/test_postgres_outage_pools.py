@@ -10,9 +10,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg_pool import PoolTimeout
 
 import livepush
 from livepush.fanout.postgres import PostgresFanOut
+from livepush.postgres.connect import translate
+from livepush.postgres import pools as pools_module
+from livepush.postgres.pools import LoopPools
 from tests.faults.fleet import postgres_down
 from tests.support import services
 
@@ -46,8 +50,10 @@ async def test_publishes_waiting_when_postgres_returns_go_through_within_seconds
         assert len(done) == 2 and all(w.exception() is None for w in waiting), [
             w.exception() for w in done]
         assert took <= BACK_WITHIN, f"the waiting publishes went through only {took} s after Postgres was back"
-        failed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("error connecting in")]
+        failed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("the Postgres pool ")]
         assert 1 <= len(failed) <= 2, f"{len(failed)} lines for the pools' failed attempts: {failed[:4]}"
+        assert not [r for r in caplog.records if r.getMessage().startswith("error connecting in")], (
+            "psycopg_pool's own lines beside livepush's")
     finally:
         await fanout.aclose()
 
@@ -78,3 +84,33 @@ async def test_a_publish_on_a_callers_connection_the_server_closed_raises_depend
                 await conn.close() if call.startswith("a") else conn.close()
     finally:
         await fanout.aclose()
+
+
+async def test_a_pool_that_cannot_connect_says_why_in_livepushs_words_and_never_that_it_is_busy(
+        pg_url: str, pg_admin_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool whose connection the server closed, while no new one can be made, has its callers'
+    waits run out with the reason its attempts fail: psycopg_pool counts the connection it is
+    replacing as held, and the wait was said as every connection of the pool staying busy (a
+    lock to look for), on a database that was down. Those attempts are said once until one
+    succeeds (however long that takes: here past the once-a-minute bound, shortened), in
+    livepush's words, naming the database, not in a line of psycopg_pool's each."""
+    monkeypatch.setattr(pools_module._ConnectFailures, "EVERY", 0.2)
+    caplog.set_level(logging.INFO)
+    dbname = services.dbname_of(pg_url)
+    pools = LoopPools(pg_url, name="livepush-outage-test", max_size=1)
+    try:
+        pool = await pools.aget()
+        with services.pg_refusing_connections(pg_admin_url, dbname):
+            assert await asyncio.to_thread(services.pg_terminate, pg_admin_url, dbname) == 1
+            with pytest.raises(PoolTimeout) as raised:
+                async with pool.connection(timeout=2.5):
+                    pass
+        said = str(translate(pg_url, raised.value))
+        assert "busy" not in said and "is not currently accepting connections" in said, said
+        assert f"/{dbname}" in said, said
+        lines = [r.getMessage() for r in caplog.records if r.name.startswith(("livepush", "psycopg"))]
+        assert [line for line in lines if "livepush-outage-test" in line] == [
+            f"the Postgres pool livepush-outage-test-async cannot connect, trying again about every 1 s (said once "
+            f"until it connects): {translate(pg_url, pool.connect_failures.last or raised.value)}"], lines
+    finally:
+        await pools.aclose()

@@ -149,6 +149,24 @@ def test_a_server_out_of_a_resource_is_not_reported_unreachable() -> None:
     assert isinstance(err, DependencyError) and "no connection slot left" in str(err), err
 
 
+def test_a_runtime_loop_whose_pool_could_not_connect_warns_naming_the_database_and_the_reason() -> None:
+    """A beat, promotion or housekeeping round that waited out its pool while Postgres was down (or
+    out of connection slots) is warned of as a claim is: which database, why, what to check; not
+    psycopg_pool's "couldn't get a connection after 30.00 sec", which named neither."""
+    import psycopg
+    from psycopg_pool import PoolTimeout
+
+    from livepush.postgres.connect import PoolUnreachable, as_warned
+
+    url = "postgresql://app:secret@db.example:5432/app"
+    full = PoolUnreachable("livepush-jobs-beat-async", 30.0,
+                           psycopg.errors.TooManyConnections("sorry, too many clients already"))
+    said = str(as_warned(url, full))
+    assert "db.example:5432/app" in said and "no connection slot left" in said and "secret" not in said, said
+    said = str(as_warned(url, PoolTimeout("couldn't get a connection after 30.00 sec")))
+    assert "cannot reach Postgres at db.example:5432/app" in said, said
+
+
 def test_a_deadlock_is_reported_as_a_conflict_to_retry_not_as_unreachable() -> None:
     """Deadlocks and serialization failures are psycopg OperationalErrors, but the server is
     there: the error says the transaction was rolled back and should be run again."""
