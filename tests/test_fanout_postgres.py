@@ -605,7 +605,8 @@ async def test_a_listener_that_postgres_keeps_refusing_says_why(
         pg_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """A listener whose login Postgres refuses after it was lost (a role or pg_hba.conf changed
     under a running server) stays away until someone acts: it says why at warning level once the
-    outage outlasts a restart's, and not again within that time; back once the login is allowed."""
+    outage outlasts a restart's, and how often it tries again, and not again within that time;
+    back once the login is allowed."""
     from livepush.postgres import listener as listener_module
 
     monkeypatch.setattr(listener_module, "RETRY_LOG_SECONDS", 0.5)
@@ -625,6 +626,7 @@ async def test_a_listener_that_postgres_keeps_refusing_says_why(
 
         await async_wait_for(said, 10, message="a warning that the listener cannot reconnect")
         assert "not permitted to log in" in said()[0], said()[0]
+        assert "still cannot reconnect, trying again about every 1 s" in said()[0], said()[0]
         admin.execute(sql.SQL("ALTER ROLE {} LOGIN").format(sql.Identifier(role)))
         await async_wait_for(lambda: listener.listening, 10, message="the listener back once the login is allowed")
     finally:

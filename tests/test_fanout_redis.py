@@ -1633,8 +1633,8 @@ async def test_a_listener_that_redis_refuses_to_take_back_says_why_at_once(
     make_redis: MakeRedis, private_redis: PrivateRedis, raw_private: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A listener whose connection was dropped and whom Redis then refuses (its password changed)
-    warns with the reason and the fix at its first failed attempt, not only in debug lines, and
-    is back once Redis takes it again."""
+    warns with the reason and the fix at its first failed attempt, not only in debug lines, saying
+    how often it tries again, and is back once Redis takes it again."""
     fanout = await make_redis(url=private_redis.url)
     resynced = asyncio.Event()
     fanout.on_resync(resynced.set)
@@ -1650,6 +1650,7 @@ async def test_a_listener_that_redis_refuses_to_take_back_says_why_at_once(
         await asyncio.wait_for(resynced.wait(), WAIT)
     assert fanout.listening
     assert "rotated-pw" not in caplog.text
+    assert "still cannot subscribe again, trying again about every 1 s" in caplog.text, caplog.text
 
 
 async def test_restart_without_persistence_resets_and_keeps_delivering(

@@ -220,8 +220,9 @@ class Listener:
             except (DependencyError, psycopg.Error, OSError) as exc:
                 log.debug("Postgres listener reconnect failed: %s", exc)
                 if retry.time_to_say(RETRY_LOG_SECONDS):
-                    log.warning("the Postgres listener at %s still cannot reconnect (said at most once a minute): %s",
-                                redact(self.url), first_line(self._said(exc)))
+                    log.warning("the Postgres listener at %s still cannot reconnect, trying again about every %g s "
+                                "(said at most once a minute): %s", redact(self.url), self.backoff[1],
+                                first_line(self._said(exc)))
 
     def _said(self, exc: BaseException) -> BaseException:
         """`exc` as said to an operator: a LISTEN the server refused (a standby in recovery) in

@@ -238,7 +238,8 @@ class Subscriber:
                 # restart) only once the outage is long.
                 refused = isinstance(exc, (ResponseError, AuthenticationError))
                 if retry.time_to_say(RETRY_LOG_SECONDS, at_once=refused):
-                    log.warning("the Redis listener still cannot subscribe again (said at most once a minute): %s",
+                    log.warning("the Redis listener still cannot subscribe again, trying again about every %g s (said "
+                                "at most once a minute): %s", self.backoff[1],
                                 failed(self.url, exc, "subscribing again", reads=True))
                 await self._drop_connection()
 
