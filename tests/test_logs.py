@@ -374,3 +374,41 @@ def test_a_failure_said_again_after_a_minute_says_how_many_were_not_said(caplog)
         "claim failed (read-only)", "heartbeat failed (read-only)",
         "claim failed (read-only) (11 more like it in the last 60 s, said at most once a minute)",
         "heartbeat failed (read-only) (11 more like it in the last 60 s, said at most once a minute)"]
+
+
+async def test_history_pruning_through_an_outage_is_one_warning_not_one_each_cycle(
+        secret, monkeypatch, caplog) -> None:
+    """A server's pruning fails every cycle while its store is away: the first failure of a run is
+    a WARNING, the rest of the run debug lines, as the server's other reads say an outage; a cycle
+    that prunes ends the run, and the next outage is said anew."""
+    import asyncio
+
+    from livepush.errors import DependencyError
+    from livepush.fanout.local import LocalFanOut
+    from livepush.server import app as server_app
+    from tests.server.conftest import make_settings, start_served
+    from tests.support.waiting import async_wait_for
+
+    outcomes = [DependencyError("cannot reach Redis")] * 5 + [0] + [DependencyError("cannot reach Redis")] * 3
+    calls = 0
+
+    async def scripted_prune(self: LocalFanOut) -> int:
+        nonlocal calls
+        outcome = outcomes[min(calls, len(outcomes) - 1)]
+        calls += 1
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(server_app, "PRUNE_EVERY_SECONDS", 0.01)
+    monkeypatch.setattr(LocalFanOut, "prune", scripted_prune)
+    caplog.set_level(logging.DEBUG, "livepush.server")
+    served = await start_served(make_settings("local", secret, None, None))
+    try:
+        await async_wait_for(lambda: calls >= len(outcomes), 10, 0.01, message="every scripted prune cycle")
+        await asyncio.sleep(0)
+    finally:
+        await served.stop()
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "pruning" in r.getMessage()]
+    assert [level for level, _ in said if level == "WARNING"] == ["WARNING", "WARNING"], said
+    assert all("cannot reach Redis" in message for _, message in said), said

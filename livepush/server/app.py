@@ -140,6 +140,7 @@ class PushServer:
         self._reverify_now = asyncio.Event()
         self._rings = 0  # revocation rings heard: a handshake whose store read one overlapped checks again
         self._recheck_failures = 0  # re-checks in a row that could not read the store
+        self._prune_failures = 0  # prune cycles in a row that could not reach the store
         self._quiet = Quiet(log)  # what clients can cause: rate-limited
         self._refused_origins = FirstOfEach(
             log, WARNED_ORIGINS, f"refused connections from {WARNED_ORIGINS} different origins this hour, each named "
@@ -527,8 +528,15 @@ class PushServer:
                 for _ in range(PRUNE_MAX_CALLS):
                     if not await self.fanout.prune():
                         break
-            except (DependencyError, ConfigError) as exc:
-                # ConfigError: a role without DELETE on the history (a grant revoked by hand). Said
-                # each cycle and tried again, so pruning resumes once the grant is back; as a crash
-                # of the task it was a traceback, and after ten cycles no pruning at all.
+                self._prune_failures = 0
+            except ConfigError as exc:
+                # A role without DELETE on the history (a grant revoked by hand). Said each cycle
+                # and tried again, so pruning resumes once the grant is back; as a crash of the
+                # task it was a traceback, and after ten cycles no pruning at all.
                 log.warning("history pruning failed (will retry): %s", exc)
+            except DependencyError as exc:
+                # The store is away: said once an outage, as the server's other reads say it, not a
+                # line every cycle for as long as it lasts; the listener's lines say when it ends.
+                self._prune_failures += 1
+                (log.warning if self._prune_failures == 1 else log.debug)(
+                    "history pruning failed (will retry every %g s): %s", PRUNE_EVERY_SECONDS, exc)
