@@ -10,7 +10,7 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import psycopg
 import pytest
@@ -246,21 +246,33 @@ def test_a_state_ring_late_while_the_fan_outs_canary_comes_back_makes_the_state_
     assert fanout.relistens == [211.0, 233.0, 277.0] and states.relistens == [111.0, 133.0, 177.0]
 
 
+@contextlib.asynccontextmanager
+async def ringing(readiness: Readiness) -> AsyncIterator[None]:
+    """The loop that sends `readiness`'s rings and canaries, running through the block."""
+    task = asyncio.create_task(readiness._ring())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _ring_watch(fanout: _DeafFanOut, states: _DeafStates) -> Readiness:
+    """A readiness of `fanout` with `states`, its canaries every 10 ms, late after 50 ms."""
+    return Readiness(fanout, away=lambda: None, draining=lambda: False, states=[states],  # type: ignore[list-item]
+                     every=0.01, bound=0.05, clock=lambda: fanout.now)
+
+
 async def test_a_state_ring_that_could_not_be_sent_asks_no_state_source_to_listen_anew() -> None:
     """A ring that failed (the database refuses new connections while the listener's connection
     is fine) says nothing of the listener: reopening it then would lose a connection that hears,
     for one the database may refuse. As with the fan-out's canary, only a ring sent counts."""
     fanout = _DeafFanOut()
     states = _DeafStates(fanout)
-    readiness = Readiness(fanout, away=lambda: None, draining=lambda: False, states=[states],  # type: ignore[list-item]
-                          every=0.01, bound=0.05, clock=lambda: fanout.now)
-    ringing = asyncio.create_task(readiness._ring())
-    try:
+    readiness = _ring_watch(fanout, states)
+    async with ringing(readiness):
         await async_wait_for(lambda: len(states.rings) >= 3, 5.0, message="three rings tried")
-    finally:
-        ringing.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ringing
     readiness.canary.unanswered.clear()  # the fan-out's canaries came back: its listener hears
     fanout.now = 100.0
     readiness._relisten_if_deaf(fanout.now)
@@ -303,20 +315,14 @@ async def test_a_ring_that_went_out_while_its_listener_was_away_asks_for_no_re_l
     reconnected dropped again, which with Postgres out of connection slots stayed away a minute."""
     fanout = _DeafFanOut()
     states = _ListenerAwayStates(fanout)
-    readiness = Readiness(fanout, away=lambda: None, draining=lambda: False, states=[states],  # type: ignore[list-item]
-                          every=0.01, bound=0.05, clock=lambda: fanout.now)
-    ringing = asyncio.create_task(readiness._ring())
-    try:
+    readiness = _ring_watch(fanout, states)
+    async with ringing(readiness):
         await async_wait_for(lambda: len(states.rings) >= 2, 5.0, message="a ring sent, the next one waiting")
         states.listening = True  # the listener is back
         readiness.canary.unanswered.clear()  # the fan-out's canaries come back: its listener hears
         fanout.now = 100.0
         readiness._relisten_if_deaf(fanout.now)
         assert states.relistens == []
-    finally:
-        ringing.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ringing
 
 
 class _ScriptedFanOut(LocalFanOut):
@@ -424,8 +430,7 @@ async def test_a_canary_refused_and_then_allowed_again_says_so_once_with_how_lon
     readiness = Readiness(fanout, away=lambda: None, draining=lambda: False, every=0.01, bound=5.0,
                           clock=lambda: now[0])
     refusal = ConfigError("permission denied for table livepush_messages: run livepush migrate --runtime-role ROLE")
-    ringing = asyncio.create_task(readiness._ring())
-    try:
+    async with ringing(readiness):
         for outcome in (refusal, refusal, "1-1"):
             fanout.failures.put_nowait(outcome)  # type: ignore[arg-type]
         fanout.read_refused = True  # the read after the publish that goes through is refused too
@@ -435,11 +440,6 @@ async def test_a_canary_refused_and_then_allowed_again_says_so_once_with_how_lon
         fanout.failures.put_nowait("1-2")  # type: ignore[arg-type]
         fanout.failures.put_nowait("1-3")  # type: ignore[arg-type]
         await async_wait_for(lambda: fanout.publishes == 5, 5.0, message="the canary published and read again")
-        await asyncio.sleep(0.05)  # the loop's round after the last publish
-    finally:
-        ringing.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ringing
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 3, said
     assert said[0].startswith("the readiness canary could not be published") and "history" in said[1], said
