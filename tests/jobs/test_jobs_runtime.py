@@ -1892,3 +1892,35 @@ async def test_a_claim_connection_the_server_closed_while_idle_is_replaced_befor
     assert "claim failed" not in caplog.text, caplog.text
     assert "claiming again" not in caplog.text, caplog.text
     assert "closed by the server while idle" in caplog.text, caplog.text
+
+
+async def test_a_fan_out_that_keeps_failing_is_said_once_a_minute_not_at_every_beat_that_changes_the_jobs_in_hand(
+        jobs_db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A runtime publishes its own state at each beat whose jobs in hand changed. While its fan-out
+    is away (Redis down, the jobs going on in Postgres) each of those publications failed with a
+    WARNING of its own: a line a beat on a busy runtime for as long as the outage lasted. They are
+    said as the runtime's other failing loops are, at most once a minute, with the database's or
+    Redis' own words, and the jobs run on."""
+    from livepush.errors import DependencyError
+    from livepush.fanout.local import LocalFanOut
+
+    class Away(LocalFanOut):
+        attempts: list[str] = []
+
+        async def apublish(self, topic: str, data: object, *, conn: object = None) -> str:  # type: ignore[override]
+            self.attempts.append(topic)
+            raise DependencyError("Redis at redis://127.0.0.1:1/0 failed while publishing (Connection refused)")
+
+    fanout = Away()
+    caplog.set_level(logging.WARNING, "livepush.jobs")
+    async with running(queues=["default"], heartbeat=0.1, publisher=fanout):
+        handles = []
+        for n in range(6):
+            handles.append(await sample_jobs.hold.aenqueue(0.15))
+            await async_wait_for(lambda: sum(t.startswith("runtime:") for t in fanout.attempts) >= n + 1, 10.0,
+                                 message="a beat publishing the runtime's state")
+        for h in handles:
+            await wait_state(h.id, "succeeded")
+    said = [r.getMessage() for r in caplog.records if "could not publish runtime state" in r.getMessage()]
+    assert sum(t.startswith("runtime:") for t in fanout.attempts) >= 6
+    assert len(said) == 1 and "Connection refused" in said[0], said

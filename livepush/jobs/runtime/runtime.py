@@ -846,7 +846,9 @@ class Runtime:
             self.stop()
 
     async def _publish_state(self, event: str) -> None:
-        """The runtime's own state on runtime:<id> and runtimes, for operators' pages."""
+        """The runtime's own state on runtime:<id> and runtimes, for operators' pages. A failure is
+        said as the other loops' are, at most once a minute: it comes at each beat that changes the
+        jobs in hand for as long as the fan-out is away, while the jobs run on."""
         if self.publisher is None or self.id is None:
             return
         data = {"event": event, "runtime": self.info}
@@ -856,12 +858,13 @@ class Runtime:
                 # connections open) held a start, or a stop's drain and deregistration, for as long.
                 await asyncio.wait_for(self.publisher.apublish(topic, data), STATE_PUBLISH_TIMEOUT)
             except TimeoutError:
-                log.warning("could not publish runtime state %s on %s: no answer within %g s; going on without it",
-                            event, topic, STATE_PUBLISH_TIMEOUT)
+                self._failures.warning("could not publish runtime state %s on %s: no answer within %g s; going on "
+                                       "without it", event, topic, STATE_PUBLISH_TIMEOUT)
                 return  # the other topic goes the same way
             except Exception as exc:  # informative only: the runtime goes on
                 reraise_if_cancelled()
-                log.warning("could not publish runtime state %s on %s: %s", event, topic, exc)
+                self._failures.warning("could not publish runtime state %s on %s: %s", event, topic, exc)
+                return
 
     # -- cancel requests ------------------------------------------------------------------
     def _on_ready_ring(self, payload: str) -> None:
