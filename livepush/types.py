@@ -42,6 +42,28 @@ def is_finite(value: float) -> bool:
         return False
 
 
+def shown(value: object, *, typed: bool = False, width: int = 60) -> str:
+    """A user's value as a refusal echoes it: its repr, cut to `width` characters, and for an int
+    past 128 bits (39 digits) its size ("an int of 1329 bits"): Python refuses to write an int of
+    over 4,300 digits (a bare ValueError that names nothing), and a shorter one would still flood
+    the message. An id past a bigint (2**70) is still written whole, as the caller can find it.
+    typed=True puts the value's type first ("str '5'"), which a long int's words already say.
+    Every refusal that echoes an argument writes it through here."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"{'a negative' if value < 0 else 'an'} int of {value.bit_length()} bits"
+    try:
+        text = repr(value)
+    except ValueError:  # a long int inside: a Fraction's, or a tuple's (concurrency=("tenant", N))
+        if isinstance(value, (tuple, list)):
+            inner = ", ".join(shown(item, width=width) for item in value[:10])
+            text = f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+        else:
+            return f"a {type(value).__name__} too long to write"
+    if len(text) > width:
+        text = text[:max(width - 3, 1)] + "..."
+    return f"{type(value).__name__} {text}" if typed else text
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     """One published message as a fan-out hands it to receivers.

@@ -168,7 +168,7 @@ def test_input_fingerprint_refuses_an_int_too_long_to_print_naming_the_path() ->
     length: not Python's bare ValueError about integer string conversion."""
     from livepush.errors import ArgumentValueError
 
-    with pytest.raises(ArgumentValueError, match=r'input\["a"\]\[0\] is an int of 16610 bits') as raised:
+    with pytest.raises(ArgumentValueError, match=r'input\["a"\]\[0\] is a negative int of 16610 bits') as raised:
         jobs.input_fingerprint({"a": [-(10**5000)]})
     assert len(str(raised.value)) < 300
     with pytest.raises(ArgumentValueError, match=r"input is an int of 1329 bits"):

@@ -11,6 +11,7 @@ import rfc8785
 
 from ..api.args import check_json
 from ...errors import ArgumentValueError
+from ...types import shown
 
 # The default of ctx.checkpoint(input=): no input given (None is an input, and has a fingerprint).
 NO_INPUT: Any = object()
@@ -20,14 +21,6 @@ NO_INPUT: Any = object()
 MAX_SAFE_INTEGER = 2**53 - 1
 
 
-def _shown(number: int | float) -> str:
-    """The number as written, or for a long int its size: Python refuses to write one of over 4300
-    digits (a bare ValueError naming nothing), and shorter ones would still flood the message."""
-    if isinstance(number, int) and number.bit_length() > 64:
-        return f"an int of {number.bit_length()} bits"
-    return repr(number)
-
-
 def _check_numbers(value: Any, path: str) -> None:
     if isinstance(value, bool):
         return
@@ -35,7 +28,7 @@ def _check_numbers(value: Any, path: str) -> None:
         if isinstance(value, float) and not math.isfinite(value):
             return  # check_json names it
         if abs(value) > MAX_SAFE_INTEGER:
-            raise ArgumentValueError(f"{path} is {_shown(value)}, beyond ±(2**53-1): RFC 8785 writes numbers as IEEE "
+            raise ArgumentValueError(f"{path} is {shown(value)}, beyond ±(2**53-1): RFC 8785 writes numbers as IEEE "
                                      "doubles, so it cannot fingerprint it exactly; pass it as a string")
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
