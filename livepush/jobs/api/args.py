@@ -26,6 +26,7 @@ from typing import Any
 
 import psycopg
 
+from ...types import shown
 from ...errors import DependencyError
 from ...postgres.text import unstorable
 from ..errors import InvalidArgumentsError, MessageTooLarge
@@ -182,7 +183,7 @@ def check_args(args: object) -> tuple[Any, ...] | list[Any]:
         if isinstance(args, (str, bytes, bytearray, Mapping, AbstractSet)) or not isinstance(args, Iterable):
             unordered = "; a set has no order: pass a list" if isinstance(args, AbstractSet) else ""
             raise InvalidArgumentsError(f"the job's arguments are a list or tuple of them (wrap a single one: "
-                                        f"[value]{unordered}), got {type(args).__name__} {args!r:.60}")
+                                        f"[value]{unordered}), got {shown(args, typed=True, width=60)}")
         items = list(args)
     if not _is_plain(items, 0):
         _check(list(items), "args", 0)

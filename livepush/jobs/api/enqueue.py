@@ -34,7 +34,7 @@ from .limits import check_claim_entry
 from .options import check_debounce, check_key, check_tags
 from .registry import REGISTRY, JobRequest, JobSpec
 from ...errors import ArgumentTypeError, ArgumentValueError, LivepushError
-from ...types import Seconds, as_seconds
+from ...types import Seconds, as_seconds, shown
 
 
 log = logging.getLogger("livepush.jobs")
@@ -62,7 +62,7 @@ def run_at(wait: Seconds | None, at: datetime | None) -> When:
         raise ArgumentTypeError("give wait= (seconds) or at= (an aware datetime), not both")
     if at is not None:
         if not isinstance(at, datetime) or at.tzinfo is None or at.utcoffset() is None:
-            raise ArgumentTypeError(f"at= must be an aware datetime (e.g. datetime.now(timezone.utc)), got {at!r}")
+            raise ArgumentTypeError(f"at= must be an aware datetime (e.g. datetime.now(timezone.utc)), got {shown(at, typed=True)}")
         try:
             # The same instant in UTC: an offset with a fraction of a second, which Python allows,
             # is one Postgres cannot parse.
@@ -77,9 +77,9 @@ def run_at(wait: Seconds | None, at: datetime | None) -> When:
     if wait is not None:
         if isinstance(wait, bool) or not isinstance(wait, (int, float)):
             raise ArgumentTypeError(f"wait= takes a number of seconds or a timedelta, got {type(wait).__name__} "
-                                    f"{wait!r:.60}")
+                                    f"{shown(wait, width=60)}")
         if not wait >= 0 or wait == math.inf:  # `not >=` also catches NaN
-            raise ArgumentValueError(f"wait= must be zero or more seconds, a finite number, got {wait!r:.60}")
+            raise ArgumentValueError(f"wait= must be zero or more seconds, a finite number, got {shown(wait, width=60)}")
         if wait == 0:
             return None
         try:
@@ -88,7 +88,7 @@ def run_at(wait: Seconds | None, at: datetime | None) -> When:
         except OverflowError:
             when = None
         if when is None or when > LATEST_RUN_AT:
-            raise ArgumentValueError(f"wait= of {wait!r:.60} seconds ends after {LATEST_RUN_AT.date().isoformat()} "
+            raise ArgumentValueError(f"wait= of {shown(wait, width=60)} seconds ends after {LATEST_RUN_AT.date().isoformat()} "
                                      "in UTC, the latest run time livepush stores: pass a shorter delay")
         return float(wait)
     return None
@@ -312,7 +312,7 @@ def item(entry: Any) -> tuple[JobSpec, Sequence[Any], When, str | None, Mapping[
         options = entry[2]
         if type(options) is not dict and not isinstance(options, Mapping):
             raise ArgumentTypeError(f"item options are a dict of {sorted(ITEM_OPTIONS)}, "
-                                    f"got {type(options).__name__} {options!r:.60}")
+                                    f"got {shown(options, typed=True, width=60)}")
         if not ITEM_OPTIONS.issuperset(options):  # no set built per item: most are fine
             # Ordered as text: names of mixed types (a str and an int) have no order of their own.
             unknown = sorted(set(options) - ITEM_OPTIONS, key=str)
@@ -325,7 +325,7 @@ def item(entry: Any) -> tuple[JobSpec, Sequence[Any], When, str | None, Mapping[
         return entry[0], entry[1], run_at(options.get("wait"), options.get("at")), None, extra
     raise ArgumentTypeError(
         "an item is a JobRequest (some_job.request(*args)) or a (job_function, args) or (job_function, args, "
-        f"options) tuple, got {type(entry).__name__} {entry!r:.80}"
+        f"options) tuple, got {shown(entry, typed=True, width=80)}"
     )
 
 
@@ -510,7 +510,7 @@ def many(items: Iterable[Any], call: str = "enqueue_many") -> Batch:
     """The batch of an enqueue_many (`call`), every item checked before anything is written."""
     if not isinstance(items, Iterable):
         raise ArgumentTypeError(f"{call}() takes an iterable of job.request(*args) values or (job_function, args) "
-                                f"tuples, got {type(items).__name__} {items!r:.60}")
+                                f"tuples, got {shown(items, typed=True, width=60)}")
     batch = Batch()
     add_items(batch, items, call)
     return batch

@@ -19,7 +19,7 @@ from .registry import REGISTRY, JobRequest
 from .schema import compile_schema
 from ...blocking import due, say
 from ...errors import ArgumentTypeError, ArgumentValueError, ConfigError
-from ...types import Seconds, as_seconds
+from ...types import Seconds, as_seconds, shown
 from ...usercode import cannot_take
 
 MAX_BACKOFF = 3600.0
@@ -54,9 +54,9 @@ def default_backoff(attempt: int) -> float:
     # Called from a user's own backoff= too: a str met `min()` with a bare TypeError.
     if isinstance(attempt, bool) or not isinstance(attempt, int):
         raise ArgumentTypeError(f"default_backoff() takes the attempt number, an int from 1 up, "
-                                f"got {type(attempt).__name__} {attempt!r:.40}")
+                                f"got {shown(attempt, typed=True, width=40)}")
     if attempt < 1:
-        raise ArgumentValueError(f"default_backoff() takes the attempt number, 1 after the first failure, got {attempt}")
+        raise ArgumentValueError(f"default_backoff() takes the attempt number, 1 after the first failure, got {shown(attempt)}")
     # The exponent is capped (2^12 s is past the cap already): 2.0 ** 1024 overflows, and raised
     # in the executor's failure path it left the job `running` for good.
     base = min(2.0 ** min(attempt, 12), MAX_BACKOFF)
@@ -68,9 +68,9 @@ INT4_MAX = 2**31 - 1  # the largest value of Postgres' integer (priority and max
 
 def _check_int4(option: str, value: Any, least: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ArgumentTypeError(f"@jobs.job({option}=) takes an int, got {type(value).__name__} {value!r:.60}")
+        raise ArgumentTypeError(f"@jobs.job({option}=) takes an int, got {shown(value, typed=True, width=60)}")
     if not least <= value <= INT4_MAX:
-        raise ArgumentValueError(f"@jobs.job({option}=) must be from {least} to {INT4_MAX}, got {value}")
+        raise ArgumentValueError(f"@jobs.job({option}=) must be from {least} to {INT4_MAX}, got {shown(value)}")
 
 
 def _check_backoff(backoff: Callable[..., Any]) -> None:
@@ -80,12 +80,12 @@ def _check_backoff(backoff: Callable[..., Any]) -> None:
     that gives a generator (a `yield` in it), or an object whose __call__ is `async def`."""
     if is_async_callable(backoff) or is_generator_callable(backoff):
         raise ArgumentTypeError(f"@jobs.job(backoff=) is called with the attempt number and must return seconds "
-                                f"at once: {backoff!r:.60} is `async def` or yields; make it a plain function "
+                                f"at once: {shown(backoff, width=60)} is `async def` or yields; make it a plain function "
                                 f"that returns them")
     why = cannot_take(backoff, 1)
     if why is not None:
         raise ArgumentTypeError(f"@jobs.job(backoff=) is called with one argument, the attempt number (1 after "
-                                f"the first failure), but {backoff!r:.60} cannot take it ({why}); "
+                                f"the first failure), but {shown(backoff, width=60)} cannot take it ({why}); "
                                 f"e.g. lambda n: 10 * n")
 
 
@@ -93,11 +93,11 @@ def _check_never_retry(never_retry: Any) -> tuple[type[BaseException], ...]:
     # Read only when an attempt fails, by isinstance(): anything but exception classes made that
     # raise, and the failure was never written.
     if isinstance(never_retry, (str, bytes, type)) or not isinstance(never_retry, Iterable):
-        raise ArgumentTypeError(f"@jobs.job(never_retry=) takes a tuple of exception classes, got {never_retry!r:.60}")
+        raise ArgumentTypeError(f"@jobs.job(never_retry=) takes a tuple of exception classes, got {shown(never_retry, width=60)}")
     classes = tuple(never_retry)
     for c in classes:
         if not (isinstance(c, type) and issubclass(c, BaseException)):
-            raise ArgumentTypeError(f"@jobs.job(never_retry=) takes exception classes, got {c!r:.60} among them")
+            raise ArgumentTypeError(f"@jobs.job(never_retry=) takes exception classes, got {shown(c, width=60)} among them")
     return classes
 
 
@@ -153,7 +153,7 @@ def _default_name(func: Callable[..., Any]) -> str:
     qualname = getattr(func, "__qualname__", None)
     if not isinstance(qualname, str):
         # A functools.partial or a callable object: its type's names would be every such job's.
-        raise ConfigError(f"@jobs.job(name=) is needed for {func!r:.80}: it has no __qualname__ to name the job by "
+        raise ConfigError(f"@jobs.job(name=) is needed for {shown(func, width=80)}: it has no __qualname__ to name the job by "
                           "(a functools.partial or a callable object); give the job a name, e.g. "
                           "@jobs.job(name=\"myapp.send_welcome\")")
     if "<locals>" in qualname:
@@ -207,7 +207,7 @@ class JobFunction(Generic[P, R]):
         # Not a bool (True would be a 1 s timeout) nor a str (whose comparison raised a bare TypeError).
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                     or not timeout > 0):  # NaN too
-            raise ArgumentValueError(f"timeout must be a positive number of seconds, a timedelta, or None, got {timeout!r}")
+            raise ArgumentValueError(f"timeout must be a positive number of seconds, a timedelta, or None, got {shown(timeout)}")
         self.func = func
         # `is None`, not falsy: a name="" (a setting left empty) is a mistake to name, not a job
         # silently named after its function.
@@ -221,7 +221,7 @@ class JobFunction(Generic[P, R]):
             # Called only when an attempt fails: every retry would log its error and fall back
             # to the default, the mistake found in a runtime's log rather than at import.
             raise ArgumentTypeError(f"@jobs.job(backoff=) takes a function of the attempt number (1 after the first "
-                                    f"failure) returning seconds, e.g. lambda n: 10 * n; got {backoff!r:.60}")
+                                    f"failure) returning seconds, e.g. lambda n: 10 * n; got {shown(backoff, width=60)}")
         _check_backoff(backoff)
         self.backoff = backoff
         # Claim limits (docs/jobs.md "Limits and paused queues"): runtimes store them at start.
@@ -427,8 +427,8 @@ def job(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
         if not callable(func):
             # `@jobs.job("imports")` (a queue given positionally) failed with an AttributeError
             # about `__module__` from deep inside.
-            raise ArgumentTypeError(f"@jobs.job takes its options as keywords, e.g. @jobs.job(queue={func!r:.60}), and "
-                                    f"decorates a function; got {type(func).__name__} {func!r:.60}")
+            raise ArgumentTypeError(f"@jobs.job takes its options as keywords, e.g. @jobs.job(queue={shown(func, width=60)}), and "
+                                    f"decorates a function; got {shown(func, typed=True, width=60)}")
         _refuse_stacked(func)
         return REGISTRY.add(JobFunction(func))
     unknown = set(options) - OPTIONS

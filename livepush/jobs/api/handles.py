@@ -12,7 +12,7 @@ from ...config import get_settings
 from ...postgres.text import BIGINT_MAX
 from ...errors import ArgumentTypeError
 from ...topics import PAGE_TTL_DEFAULT, check_ttl
-from ...types import Seconds
+from ...types import Seconds, shown
 
 
 def signed_for_page(topic: str, ttl: Seconds | None = None, *, call: str = "sign()") -> str:
@@ -39,7 +39,12 @@ class StateTopicHandle:
 
     @property
     def topic(self) -> str:
-        return f"{self._kind}:{self.id}"
+        try:
+            return f"{self._kind}:{self.id}"
+        except ValueError:
+            # An id of over 4,300 digits, which Python refuses to write: its size stands in, a
+            # topic that sign() refuses (InvalidTopic) as it refuses any id that names no row.
+            return f"{self._kind}:{shown(self.id)}"
 
     @property
     def signed_topic(self) -> str:
@@ -87,7 +92,7 @@ def checked_id(value: object, what: str) -> int:
     """`value` as a job or group id; TypeError naming `what` unless it is an int."""
     if isinstance(value, bool) or not isinstance(value, int):
         hint = " (pass its .id)" if hasattr(value, "id") else ""
-        raise ArgumentTypeError(f"{what} must be an int{hint}, got {type(value).__name__} {value!r:.60}")
+        raise ArgumentTypeError(f"{what} must be an int{hint}, got {shown(value, typed=True, width=60)}")
     return value if 0 < value <= BIGINT_MAX else NO_SUCH_ID
 
 

@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ...types import shown
 from ...errors import ConfigError
 from ...postgres.text import unstorable
 from ..errors import InvalidArgumentsError
@@ -39,12 +40,12 @@ def parse_rate(text: str) -> float:
     """Starts a second from "100/s" or "30/m"."""
     m = _RATE.match(text) if isinstance(text, str) else None
     if m is None or float(m.group(1)) <= 0:
-        raise ConfigError(f"@jobs.job(rate={text!r}): write a positive number of starts per second or minute, "
+        raise ConfigError(f"@jobs.job(rate={shown(text)}): write a positive number of starts per second or minute, "
                           "e.g. \"100/s\" or \"30/m\"")
     per = 1.0 if m.group(2).startswith("s") else 60.0
     rate = float(m.group(1)) / per
     if rate > MAX_RATE:  # infinity too
-        raise ConfigError(f"@jobs.job(rate={text!r}): at most {MAX_RATE:,.0f} starts a second; a rate that high "
+        raise ConfigError(f"@jobs.job(rate={shown(text)}): at most {MAX_RATE:,.0f} starts a second; a rate that high "
                           "limits nothing: leave rate= out")
     return rate
 
@@ -100,7 +101,7 @@ class Limits:
             value = self.key_default
         else:
             raise InvalidArgumentsError(f"the concurrency key {self.key_param!r} is missing from the arguments "
-                                        f"{list(args)!r:.80}: pass it, by position, to every enqueue of {name}")
+                                        f"{shown(list(args), width=80)}: pass it, by position, to every enqueue of {name}")
         try:
             text = key_text(value)
         except ValueError:
@@ -167,7 +168,7 @@ def limits_of(func: Callable[..., Any], concurrency: Any, rate: Any, name: str) 
         if (not isinstance(concurrency, tuple) or len(concurrency) != 2 or not isinstance(concurrency[0], str)
                 or isinstance(concurrency[1], bool) or not isinstance(concurrency[1], int)
                 or not 1 <= concurrency[1] <= MAX_RUNNING):
-            raise ConfigError(f"@jobs.job(concurrency={concurrency!r}): give (parameter name, at most N running), "
+            raise ConfigError(f"@jobs.job(concurrency={shown(concurrency)}): give (parameter name, at most N running), "
                               f"N from 1 to {MAX_RUNNING}, e.g. (\"tenant\", 2)")
         key_param, max_running = concurrency
         params = _key_params(func, key_param)
@@ -188,7 +189,7 @@ def limits_of(func: Callable[..., Any], concurrency: Any, rate: Any, name: str) 
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"@jobs.job(concurrency=({key_param!r}, {max_running})): the default of "
                                   f"{key_param!r} is the concurrency key of calls that leave it out, stored as "
-                                  f"JSON, which cannot hold {key_default!r:.60} ({exc}): give a JSON default "
+                                  f"JSON, which cannot hold {shown(key_default, width=60)} ({exc}): give a JSON default "
                                   "(a str, a finite number, None)") from None
             # A lone surrogate (undecodable bytes) is written as it is, and Postgres refuses the
             # text: each such call failed at enqueue with a bare UnicodeEncodeError.

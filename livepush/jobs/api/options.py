@@ -10,7 +10,7 @@ from typing import Any
 
 from ...postgres.text import unstorable
 from ...errors import ArgumentTypeError, ArgumentValueError, ConfigError
-from ...types import as_seconds
+from ...types import as_seconds, shown
 from ..errors import InvalidArgumentsError
 
 MAX_KEY_LENGTH = 500  # characters; a key is an index entry, and Postgres refuses btree entries past ~2,700 bytes
@@ -26,7 +26,7 @@ def check_key(key: Any) -> str | None:
     if key is None:
         return None
     if not isinstance(key, str) or not key:
-        raise InvalidArgumentsError(f"key= takes a non-empty str, got {type(key).__name__} {key!r:.60}")
+        raise InvalidArgumentsError(f"key= takes a non-empty str, got {shown(key, typed=True, width=60)}")
     if len(key) > MAX_KEY_LENGTH:
         raise InvalidArgumentsError(f"key= is {len(key)} characters long, more than {MAX_KEY_LENGTH}: "
                                     "use a shorter key (e.g. a hash of what identifies the work)")
@@ -44,7 +44,7 @@ def check_queue(queue: Any, where: str) -> str:
             or "," in queue or queue != queue.strip()):
         raise ConfigError(f"{where}: a queue is a non-empty string of at most {MAX_QUEUE_LENGTH} characters "
                           f"Postgres can store (no NUL, no lone surrogate), with no comma and no space at "
-                          f"either end (`livepush jobs --queues` could not name it), got {queue!r:.80}")
+                          f"either end (`livepush jobs --queues` could not name it), got {shown(queue, width=80)}")
     return queue
 
 
@@ -53,7 +53,7 @@ def check_name(name: Any, where: str) -> str:
     find a job's function by the name stored, so it must be the very str the registry holds."""
     if not isinstance(name, str) or not name or len(name) > MAX_NAME_LENGTH or unstorable(name):
         raise ConfigError(f"{where}: a job name is a non-empty string of at most {MAX_NAME_LENGTH} characters "
-                          f"Postgres can store (no NUL, no lone surrogate), got {name!r:.80}")
+                          f"Postgres can store (no NUL, no lone surrogate), got {shown(name, width=80)}")
     return name
 
 
@@ -62,7 +62,7 @@ def check_tags(tags: Any) -> list[str] | None:
     if tags is None:
         return None
     if isinstance(tags, (str, bytes)) or not isinstance(tags, Sequence):
-        raise InvalidArgumentsError(f"tags= takes a list of str, got {type(tags).__name__} {tags!r:.60}"
+        raise InvalidArgumentsError(f"tags= takes a list of str, got {shown(tags, typed=True, width=60)}"
                                     + (" (wrap a single tag in a list)" if isinstance(tags, str) else ""))
     out: list[str] = []
     for i, tag in enumerate(tags):
@@ -70,7 +70,7 @@ def check_tags(tags: Any) -> list[str] | None:
         if tag not in out:
             # The limit is on distinct tags, what is stored: a tag repeated is stored once.
             if len(out) == MAX_TAGS:
-                raise InvalidArgumentsError(f"tags= has more than {MAX_TAGS} distinct tags: tags[{i}] {tag!r:.60} "
+                raise InvalidArgumentsError(f"tags= has more than {MAX_TAGS} distinct tags: tags[{i}] {shown(tag, width=60)} "
                                             f"is number {MAX_TAGS + 1}")
             out.append(tag)
     return out or None
@@ -79,7 +79,7 @@ def check_tags(tags: Any) -> list[str] | None:
 def _check_one_tag(tag: Any, label: str) -> str:
     """`tag` if it is a tag; else InvalidArgumentsError naming it as `label`."""
     if not isinstance(tag, str) or not tag:
-        raise InvalidArgumentsError(f"{label} is {type(tag).__name__} {tag!r:.60}: a tag is a non-empty str")
+        raise InvalidArgumentsError(f"{label} is {shown(tag, typed=True, width=60)}: a tag is a non-empty str")
     if len(tag) > MAX_TAG_LENGTH:
         raise InvalidArgumentsError(f"{label} is {len(tag)} characters long, more than {MAX_TAG_LENGTH}")
     bad = unstorable(tag)
@@ -105,9 +105,9 @@ def check_debounce(debounce: Any, key: str | None, wait: Any, at: datetime | Non
     if wait is not None or at is not None:
         raise ArgumentValueError("debounce= sets the run time (now + debounce): give it without wait= or at=")
     if isinstance(debounce, bool) or not isinstance(debounce, (int, float)):
-        raise ArgumentTypeError(f"debounce= takes a number of seconds or a timedelta, got {type(debounce).__name__} {debounce!r:.60}")
+        raise ArgumentTypeError(f"debounce= takes a number of seconds or a timedelta, got {shown(debounce, typed=True, width=60)}")
     if not debounce >= 0 or debounce == math.inf:  # `not >=` also catches NaN
-        raise ArgumentValueError(f"debounce= must be zero or more seconds, a finite number, got {debounce!r}")
+        raise ArgumentValueError(f"debounce= must be zero or more seconds, a finite number, got {shown(debounce)}")
     if debounce > MAX_DEBOUNCE:
-        raise ArgumentValueError(f"debounce= of {debounce!r} seconds is more than a year: pass a shorter delay")
+        raise ArgumentValueError(f"debounce= of {shown(debounce)} seconds is more than a year: pass a shorter delay")
     return float(debounce)

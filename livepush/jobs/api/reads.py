@@ -7,6 +7,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
+from ...types import shown
 from ...blocking import warn_if_on_event_loop
 from .. import database, queries
 from ..events.views import job_view
@@ -72,9 +73,9 @@ async def aget_job(job_id: int) -> JobInfo | None:
 
 def _checked_limit(limit: int) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int):
-        raise ArgumentTypeError(f"limit= must be an int from 1 to {MAX_LISTED}, got {type(limit).__name__} {limit!r:.60}")
+        raise ArgumentTypeError(f"limit= must be an int from 1 to {MAX_LISTED}, got {shown(limit, typed=True, width=60)}")
     if not 1 <= limit <= MAX_LISTED:
-        raise ArgumentValueError(f"limit= must be an int from 1 to {MAX_LISTED}, got {limit!r}")
+        raise ArgumentValueError(f"limit= must be an int from 1 to {MAX_LISTED}, got {shown(limit)}")
     return limit
 
 
@@ -86,7 +87,7 @@ def tagged_params(tag: str, limit: int, unfinished: bool, before: int | None = N
     if not isinstance(unfinished, bool):
         # bool("no") is True: a string or a number here would list the opposite of what was meant.
         raise ArgumentTypeError(f"unfinished= must be True or False, got {type(unfinished).__name__} "
-                                f"{unfinished!r:.60}")
+                                f"{shown(unfinished, width=60)}")
     return {"tag": check_tag(tag), "limit": limit, "unfinished": unfinished, "before": cursor}
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from ...errors import ConfigError
+from ...types import shown
 from ..errors import UnknownJobError
 
 log = logging.getLogger("livepush.jobs")
@@ -152,7 +153,7 @@ def _warn_if_redefined(held: Any, fn: Any) -> None:
     before, after = held.defined_at, fn.defined_at
     changed = [] if before == after else [f"another function (at {after}, was at {before})"]
     old, new = _options_of(held), _options_of(fn)
-    changed += [f"{key} {new[key]!r} (was {old[key]!r})" for key in new if new[key] != old.get(key)]
+    changed += [f"{key} {shown(new[key])} (was {shown(old[key])})" for key in new if new[key] != old.get(key)]
     if changed:
         log.warning("job %r defined again at %s with %s: it replaces the definition at %s, whose jobs now run "
                     "the new one while the object it returned still enqueues with its own options; if both are "

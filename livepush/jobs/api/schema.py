@@ -19,6 +19,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ...types import shown
 from ...errors import ConfigError
 from ..errors import InvalidArgumentsError
 
@@ -105,7 +106,7 @@ def _no_schema(target: Any) -> str | None:
     from jsonschema.exceptions import SchemaError
 
     if not isinstance(target, (Mapping, bool)):
-        return f"points to {type(target).__name__} {target!r:.60}, which is no JSON Schema (a dict or a bool)"
+        return f"points to {shown(target, typed=True, width=60)}, which is no JSON Schema (a dict or a bool)"
     try:
         jsonschema.Draft202012Validator.check_schema(target)
     except SchemaError as exc:
@@ -271,7 +272,7 @@ def compile_schema(schema: Any, job_name: str) -> Callable[[list[Any]], None]:
     other = _other_draft(schema)
     if other is not None:
         raise ConfigError(f"@jobs.job(schema=...) of {job_name}: schemas are draft 2020-12 ($schema {DRAFT!r}), "
-                          f"got $schema {other!r:.80} in a subschema: drop that $schema line (and rewrite what "
+                          f"got $schema {shown(other, width=80)} in a subschema: drop that $schema line (and rewrite what "
                           "its draft spells otherwise, such as `dependencies`)")
     bad = _bad_ref(schema)
     if bad is not None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 
+from ...types import shown
 from ...blocking import warn_if_on_event_loop
 from ... import metrics
 from .. import queries
@@ -148,9 +149,9 @@ class Status:
 
 def checked_limit(limit: Any) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int):
-        raise ArgumentTypeError(f"limit takes an int from 1 to {MAX_LIMIT}, got {type(limit).__name__} {limit!r:.60}")
+        raise ArgumentTypeError(f"limit takes an int from 1 to {MAX_LIMIT}, got {shown(limit, typed=True, width=60)}")
     if not 1 <= limit <= MAX_LIMIT:
-        raise ArgumentValueError(f"limit takes an int from 1 to {MAX_LIMIT}, got {limit!r}")
+        raise ArgumentValueError(f"limit takes an int from 1 to {MAX_LIMIT}, got {shown(limit)}")
     return limit
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 
+from ...types import shown
 from ... import api, loops
 from ...blocking import warn_if_on_event_loop
 from ...config import get_settings
@@ -46,8 +47,8 @@ def _drained_queues(queues: Sequence[str] | None) -> list[str] | None:
     # report that nothing was due.
     if isinstance(queues, (str, bytes)) or (queues is not None and not isinstance(queues, Sequence)):
         raise ArgumentTypeError(f"drain(queues=) takes a list of queue names, got {type(queues).__name__} "
-                                f"{queues!r:.60}"
-                                + (f" (wrap a single queue in a list: [{queues!r:.60}])" if isinstance(queues, str)
+                                f"{shown(queues, width=60)}"
+                                + (f" (wrap a single queue in a list: [{shown(queues, width=60)}])" if isinstance(queues, str)
                                    else ""))
     if queues is not None and not queues:
         # As `livepush jobs --queues` naming none: an empty list built by the caller is more
@@ -61,7 +62,7 @@ def _registry(registry: Registry) -> Registry:
     """drain()'s `registry`, checked: the runtime would otherwise take it for module names."""
     if not isinstance(registry, Registry):
         raise ArgumentTypeError(f"drain(registry=) takes a livepush.jobs Registry (jobs.REGISTRY by default), got "
-                                f"{type(registry).__name__} {registry!r:.60}")
+                                f"{shown(registry, typed=True, width=60)}")
     return registry
 
 
@@ -73,11 +74,11 @@ def _max_jobs(max_jobs: int | None) -> int | None:
         return None
     if isinstance(max_jobs, bool) or not isinstance(max_jobs, int):
         raise ArgumentTypeError(f"drain(max_jobs=) takes a whole number from 0 up, or None for no bound; got "
-                                f"{type(max_jobs).__name__} {max_jobs!r:.60}")
+                                f"{shown(max_jobs, typed=True, width=60)}")
     if max_jobs < 0:
         # A count out of range is a ValueError, as every other limit's is (reference §4).
         raise ArgumentValueError(f"drain(max_jobs=) takes a whole number from 0 up, or None for no bound; got "
-                                 f"{max_jobs}")
+                                 f"{shown(max_jobs)}")
     return max_jobs
 
 

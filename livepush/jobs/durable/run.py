@@ -34,7 +34,7 @@ from ...postgres.text import unstorable
 from ..api.args import PAST_ONE_MESSAGE, check_sendable, dumps, encode, stored_whole
 from ..api.awaited import iscoroutinefunction
 from ..api.enqueue import Batch, alook_for_script_runtimes
-from ...types import as_seconds
+from ...types import as_seconds, shown
 from ..api.registry import REGISTRY, JobRequest
 from ..errors import (
     CheckpointInputConflict,
@@ -89,7 +89,7 @@ _CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailu
 def check_name(name: Any, what: str) -> str:
     if not isinstance(name, str) or not name or len(name) > MAX_NAME or unstorable(name):
         raise ArgumentValueError(f"{what} takes a name: a non-empty str of at most {MAX_NAME} characters Postgres can "
-                                 f"store, got {name!r:.80}")
+                                 f"store, got {shown(name, width=80)}")
     return name
 
 
@@ -99,19 +99,19 @@ def check_callable(name: Any, fn: Any, keywords: Mapping[str, Any]) -> None:
     for `fn` (as asyncio.to_thread passes them) are refused here too, rather than by Python's
     TypeError, which a retry would meet again after running the code between steps."""
     if not callable(fn):
-        raise durable_call_refusal(ArgumentTypeError(f"ctx.checkpoint({name!r:.80}, fn, *args) takes a function "
-                                                     f"to call, got {type(fn).__name__} {fn!r:.60}"))
+        raise durable_call_refusal(ArgumentTypeError(f"ctx.checkpoint({shown(name, width=80)}, fn, *args) takes a function "
+                                                     f"to call, got {shown(fn, typed=True, width=60)}"))
     if keywords:
         misspelt = difflib.get_close_matches("input", keywords, n=1, cutoff=0.75)
         if misspelt:
             # Most likely the checkpoint's own input= misspelt (inputs=), which partial would pass to fn.
             raise durable_call_refusal(ArgumentTypeError(
-                f"ctx.checkpoint({name!r:.80}, fn, *args) takes input= (its fingerprint is compared on a "
+                f"ctx.checkpoint({shown(name, width=80)}, fn, *args) takes input= (its fingerprint is compared on a "
                 f"replay), got {misspelt[0]}=; a keyword for fn goes in functools.partial(fn, {misspelt[0]}=...)"))
         got = ", ".join(f"{k}=" for k in keywords)
         given = ", ".join(f"{k}=..." for k in keywords)
         raise durable_call_refusal(ArgumentTypeError(
-            f"ctx.checkpoint({name!r:.80}, fn, *args) passes fn its arguments by position only, got {got}: "
+            f"ctx.checkpoint({shown(name, width=80)}, fn, *args) passes fn its arguments by position only, got {got}: "
             f"pass functools.partial(fn, {given}) as fn"))
 
 
@@ -125,12 +125,12 @@ def children_asked(requests: Any) -> list[JobRequest]:
     if isinstance(requests, (str, bytes)) or not isinstance(requests, Iterable):
         raise durable_call_refusal(ArgumentTypeError(
             f"ctx.run_children() takes a list of job requests (some_job.request(*args)), got "
-            f"{type(requests).__name__} {requests!r:.60}"))
+            f"{shown(requests, typed=True, width=60)}"))
     asked = list(requests)
     for r in asked:
         if not isinstance(r, JobRequest):
             raise durable_call_refusal(ArgumentTypeError(
-                f"ctx.run_children() takes job requests (some_job.request(*args)), got {r!r:.80}"))
+                f"ctx.run_children() takes job requests (some_job.request(*args)), got {shown(r, width=80)}"))
     return asked
 
 
@@ -138,7 +138,7 @@ def child_asked(request: Any) -> JobRequest:
     if not isinstance(request, JobRequest):
         raise durable_call_refusal(ArgumentTypeError(f"ctx.run_child() takes a job request "
                                                      f"(some_job.request(*args)), got {type(request).__name__} "
-                                                     f"{request!r:.60}"))
+                                                     f"{shown(request, width=60)}"))
     return request
 
 
@@ -152,7 +152,7 @@ def _seconds(value: Any, what: str) -> float:
         if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0
                 or not value <= MAX_SECONDS):
             raise ArgumentValueError(f"{what} takes a number of seconds (or a timedelta) from 0 to 100 years, "
-                                     f"got {value!r:.60}")
+                                     f"got {shown(value, width=60)}")
     return float(value)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...types import shown
 from ...blocking import warn_if_on_event_loop
 from ...errors import ArgumentValueError
 from ...postgres.text import unstorable
@@ -27,7 +28,7 @@ def _send_steps(job_id: int, name: str, data: str, key: str | None) -> steps.Ste
     this job, the first one's, and nothing is sent again."""
     found = yield steps.Query(dq.SIGNAL_TARGET, {"id": job_id})
     if not found:
-        raise JobNotFound(f"no job {job_id} (never enqueued, or deleted after its retention time): "
+        raise JobNotFound(f"no job {shown(job_id)} (never enqueued, or deleted after its retention time): "
                           "the signal was not sent")
     if key is not None:
         # Before the finished check: a retry whose first send committed, and which the job then
@@ -82,7 +83,7 @@ def check_key(key: Any, what: str) -> str | None:
     """A signal's idempotency key, as jobs.signal() and jobs.workflows.signal() take it."""
     if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_NAME or unstorable(key)):
         raise ArgumentValueError(f"{what} takes None or a non-empty str of at most {MAX_NAME} characters Postgres "
-                                 f"can store (one per signal you mean to send once), got {key!r:.80}")
+                                 f"can store (one per signal you mean to send once), got {shown(key, width=80)}")
     return key
 
 
@@ -92,7 +93,7 @@ def _checked(job_id: Any, name: Any, data: Any, key: Any) -> tuple[int, str, str
     text = encode(data, "data", InvalidArgumentsError, "signal data")
     key = check_key(key, "jobs.signal(key=)")
     if checked == NO_SUCH_ID:  # an int no job can have: named as given, not as the stand-in
-        raise JobNotFound(f"no job {job_id}: the signal was not sent")
+        raise JobNotFound(f"no job {shown(job_id)}: the signal was not sent")
     return checked, name, text, key
 
 

@@ -26,7 +26,7 @@ from ..api.awaited import awaited
 from ..api.enqueue import (NO_OPTIONS, Batch, add_items, alook_for_script_runtimes, is_spec, look_for_script_runtimes,
                            run_at)
 from ..api.handles import NO_SUCH_ID, JobHandle, StateTopicHandle, checked_id
-from ...types import Seconds
+from ...types import Seconds, shown
 from ..api.registry import JobRequest, JobSpec
 from ..errors import GroupBlockError, GroupClosedError, GroupLimitError, GroupNotFound, LeaseLostError
 from . import queries as gq
@@ -78,7 +78,7 @@ class GroupHandle(StateTopicHandle):
 def not_found(group_id: int) -> GroupNotFound:
     """The error for a group id with no row visible to this transaction. Creating a group with conn=
     and then adding to it without conn= is the likely mistake: say so."""
-    return GroupNotFound(f"no task group {group_id}: never created, deleted after its retention time, or created in "
+    return GroupNotFound(f"no task group {shown(group_id)}: never created, deleted after its retention time, or created in "
                          "a transaction that has not committed (pass that transaction's conn= to add to it or seal it "
                          "before it commits)")
 
@@ -125,7 +125,7 @@ def _group_id(value: Any) -> int:
     naming it as given (checked_id reads it as the placeholder NO_SUCH_ID)."""
     group_id = checked_id(value, "group_id")
     if group_id == NO_SUCH_ID:
-        raise GroupNotFound(f"no task group {value} (group ids are from 1 to {BIGINT_MAX})")
+        raise GroupNotFound(f"no task group {shown(value)} (group ids are from 1 to {BIGINT_MAX})")
     return group_id
 
 
@@ -140,7 +140,7 @@ def _check_items(items: Any, what: str) -> None:
     number or None would raise Python's bare "'int' object is not iterable"."""
     if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
         raise ArgumentTypeError(f"{what}() takes an iterable of job.request(*args) values or "
-                                f"(job_function, args) tuples, got {type(items).__name__} {items!r:.60}")
+                                f"(job_function, args) tuples, got {shown(items, typed=True, width=60)}")
 
 
 def _callbacks(on_finish: Any, on_success: Any, on_failure: Any) -> dict[str, str | None]:
@@ -158,9 +158,9 @@ def _callback_jobs(*requests: JobRequest | None) -> list[tuple[str, str]]:
 
 def _shards(shards: int) -> int:
     if isinstance(shards, bool) or not isinstance(shards, int):
-        raise ArgumentTypeError(f"shards= must be an int from 1 to 1024, got {type(shards).__name__} {shards!r:.40}")
+        raise ArgumentTypeError(f"shards= must be an int from 1 to 1024, got {shown(shards, typed=True, width=40)}")
     if not 1 <= shards <= 1024:
-        raise ArgumentValueError(f"shards= must be between 1 and 1024, got {shards}")
+        raise ArgumentValueError(f"shards= must be between 1 and 1024, got {shown(shards)}")
     return shards
 
 
@@ -418,7 +418,7 @@ def job_and_args(fn: Any, args: tuple[Any, ...], what: str, unknown: Mapping[str
         fn, args, queue = fn.function, fn.args, fn.queue
     if not is_spec(fn):
         raise ArgumentTypeError(f"{what}() takes a @jobs.job function and its arguments, or job.request(...), "
-                                f"got {type(fn).__name__} {fn!r:.60}")
+                                f"got {shown(fn, typed=True, width=60)}")
     if unknown:
         refuse_keywords(getattr(fn, "func", None), fn.name, what, unknown, options)
     return fn, args, queue

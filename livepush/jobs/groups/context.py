@@ -13,7 +13,7 @@ from ...postgres.connect import translated
 from .. import database
 from ..api.enqueue import Batch, alook_for_script_runtimes, run_at
 from ..api.handles import JobHandle
-from ...types import Seconds, as_seconds, is_finite
+from ...types import Seconds, as_seconds, is_finite, shown
 from ..api.registry import JobRequest, JobSpec
 from ..runtime.threads import wait_on_loop
 from ..errors import GroupClosedError
@@ -154,7 +154,7 @@ class SyncGroupContext(CallbackFields):
         if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                 or not (is_finite(timeout) and timeout > 0)):
             raise ArgumentValueError(f"ctx.group.enqueue(timeout=) takes a positive, finite number of seconds "
-                                     f"or a timedelta, got {timeout!r:.60}")
+                                     f"or a timedelta, got {shown(timeout, width=60)}")
 
         async def bounded() -> JobHandle:
             try:

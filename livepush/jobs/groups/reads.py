@@ -8,6 +8,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
+from ...types import shown
 from ...blocking import warn_if_on_event_loop
 from ...postgres.text import BIGINT_MAX
 from .. import database
@@ -66,11 +67,11 @@ Page = tuple[list[dict[str, Any]], int | None]  # (rows, the cursor of the next 
 
 def _check_limit(limit: Any) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int):
-        raise ArgumentTypeError(f"limit must be an int from 1 to {MAX_PAGE}, got {type(limit).__name__} {limit!r:.60}")
+        raise ArgumentTypeError(f"limit must be an int from 1 to {MAX_PAGE}, got {shown(limit, typed=True, width=60)}")
     if limit < 1:
-        raise ArgumentValueError(f"limit must be an int of at least 1, got {limit!r:.60}")
+        raise ArgumentValueError(f"limit must be an int of at least 1, got {shown(limit, width=60)}")
     if limit > MAX_PAGE:
-        raise ArgumentValueError(f"limit must be an int from 1 to {MAX_PAGE}, got {limit!r:.60}")
+        raise ArgumentValueError(f"limit must be an int from 1 to {MAX_PAGE}, got {shown(limit, width=60)}")
 
 
 def group_members(group_id: int, after: int | None = None, limit: int = 100) -> Page:

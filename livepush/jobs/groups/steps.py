@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 
+from ...types import shown
 from ...postgres.connect import cursor_on
 from ..api.args import check_sendable, dumps, encode
 from ..api.enqueue import is_spec
@@ -178,7 +179,7 @@ def callback_spec(request: Any, keyword: str) -> str | None:
     if not isinstance(request, JobRequest):
         # The job function itself is the likely slip: say how to make its request.
         got = (f"the job function {request.name!r} itself: pass its .request(*args) with the arguments "
-               f"the callback runs with" if is_spec(request) else f"{type(request).__name__} {request!r:.60}")
+               f"the callback runs with" if is_spec(request) else f"{shown(request, typed=True, width=60)}")
         raise ArgumentTypeError(f"{keyword} takes a job request (some_job.request(*args)), got {got}")
     fn = request.function
     # request() checked the arguments on its fast path, which does not measure ints: encode()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...types import shown
 from ...blocking import warn_if_on_event_loop
 from ...errors import ArgumentTypeError, ArgumentValueError
 from ..api.awaited import awaited
@@ -17,7 +18,7 @@ from . import queries
 def _checked(name: Any) -> str:
     if not isinstance(name, str):
         raise ArgumentTypeError(f"forget_periodic() takes a periodic job's name (a str, as `livepush status` lists "
-                                f"it), got {type(name).__name__} {name!r:.60}")
+                                f"it), got {shown(name, typed=True, width=60)}")
     if not name:
         raise ArgumentValueError("forget_periodic() takes a periodic job's name, as `livepush status` lists it, got ''")
     return name

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Never, Protocol, TypeVar, overload
 from ...postgres.text import storable_text
 from ...errors import ArgumentTypeError
 from ..errors import InvalidProgressError, InvalidResultError, JobCancelled, durable_call_refusal
-from ...types import Seconds
+from ...types import Seconds, shown
 from ..api.registry import JobRequest
 from ..durable.fingerprint import NO_INPUT
 from ..events.views import PROGRESS_INTERVAL
@@ -40,14 +40,14 @@ MAX_MESSAGE = 1000  # characters of a progress message kept
 def _number(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidProgressError(
-            f"ctx.progress() takes a number for {name}, got {type(value).__name__} {value!r:.80}")
+            f"ctx.progress() takes a number for {name}, got {shown(value, typed=True, width=80)}")
     try:
         finite = math.isfinite(value)  # an int too large for a float raises here
     except OverflowError:
         finite = False
     if not finite:
         raise InvalidProgressError(
-            f"ctx.progress() takes a finite number for {name}, got {value!r:.80}: JSON has no NaN or infinity")
+            f"ctx.progress() takes a finite number for {name}, got {shown(value, width=80)}: JSON has no NaN or infinity")
 
 
 def progress_value(done: Any, total: Any, message: Any) -> dict[str, Any]:
@@ -116,17 +116,17 @@ LEFT_OUT: Any = _Required()
 
 def _sleep_left_out(name: Any, seconds: Any) -> str:
     if name is LEFT_OUT:
-        shown = "3600" if seconds is LEFT_OUT else f"{seconds!r:.40}"
-        return f"ctx.sleep() takes a name, then the seconds: ctx.sleep('nap', {shown})"
+        given = "3600" if seconds is LEFT_OUT else shown(seconds, width=40)
+        return f"ctx.sleep() takes a name, then the seconds: ctx.sleep('nap', {given})"
     if isinstance(name, (int, float, timedelta)) and not isinstance(name, bool):
-        return (f"ctx.sleep(name, seconds) takes a name first, then the seconds: ctx.sleep('nap', {name!r:.40}) "
-                f"for ctx.sleep({name!r:.40})")
+        return (f"ctx.sleep(name, seconds) takes a name first, then the seconds: ctx.sleep('nap', {shown(name, width=40)}) "
+                f"for ctx.sleep({shown(name, width=40)})")
     if isinstance(name, str):
-        return (f"ctx.sleep({name!r:.80}) takes the seconds to sleep (or a timedelta) after its name: "
-                f"ctx.sleep({name!r:.80}, 3600)")
+        return (f"ctx.sleep({shown(name, width=80)}) takes the seconds to sleep (or a timedelta) after its name: "
+                f"ctx.sleep({shown(name, width=80)}, 3600)")
     # Neither a name nor seconds (True, None): the call's form, not advice to keep it as the name.
     return (f"ctx.sleep(name, seconds) takes a name and the seconds to sleep: ctx.sleep('nap', 3600) "
-            f"for ctx.sleep({name!r:.40})")
+            f"for ctx.sleep({shown(name, width=40)})")
 
 
 class JobContext:
@@ -195,7 +195,7 @@ class JobContext:
         CheckpointInputConflict before `fn` runs. Keywords for `fn` are refused (typed Never, so
         that a type checker says so too): pass functools.partial(fn, ...)."""
         return self._track(self._checkpoint(name, fn, *args, input=input, **keywords),
-                           f"ctx.checkpoint({name!r:.60})")
+                           f"ctx.checkpoint({shown(name, width=60)})")
 
     async def _checkpoint(self, name: str, fn: Callable[..., Any], *args: Any, input: Any, **keywords: Any) -> Any:
         return await self._durable_calls.checkpoint(name, fn, *args, input=input, **keywords)
@@ -230,10 +230,10 @@ class JobContext:
         from the first time a run reached this wait: that deadline is stored, and a timeout= changed
         since does not move it."""
         if name is LEFT_OUT:
-            given = "" if timeout is None else f", timeout={timeout!r:.40}"
+            given = "" if timeout is None else f", timeout={shown(timeout, width=40)}"
             raise durable_call_refusal(ArgumentTypeError(
                 f"ctx.wait_for_signal() takes the name of the signal to wait for: ctx.wait_for_signal('approved'{given})"))
-        return self._track(self._wait_for_signal(name, timeout), f"ctx.wait_for_signal({name!r:.60})")
+        return self._track(self._wait_for_signal(name, timeout), f"ctx.wait_for_signal({shown(name, width=60)})")
 
     async def _wait_for_signal(self, name: str, timeout: Seconds | None) -> Any:
         return await self._durable_calls.wait_for_signal(name, timeout)
@@ -248,7 +248,7 @@ class JobContext:
         unique in a job."""
         if name is LEFT_OUT or seconds is LEFT_OUT:
             raise durable_call_refusal(ArgumentTypeError(_sleep_left_out(name, seconds)))
-        return self._track(self._sleep(name, seconds), f"ctx.sleep({name!r:.60})")
+        return self._track(self._sleep(name, seconds), f"ctx.sleep({shown(name, width=60)})")
 
     async def _sleep(self, name: str, seconds: Seconds) -> None:
         await self._durable_calls.sleep(name, seconds)

@@ -14,7 +14,6 @@ import dataclasses
 import functools
 import inspect
 import logging
-import math
 import numbers
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +23,7 @@ from ...postgres.text import storable_text
 from ..api.args import PAST_ONE_MESSAGE, check_sendable, encode
 from ..api.awaited import RUNNING
 from ..api.functions import default_backoff
-from ...types import as_seconds
+from ...types import as_seconds, shown
 from ..errors import (
     CheckpointInputConflict,
     ChildFailed,
@@ -303,11 +302,15 @@ def retry_delay(fn: Any, job_id: int, attempt: int) -> float:
         return min(default_backoff(attempt), MAX_RETRY_DELAY)
     try:
         seconds = as_seconds(fn.backoff(attempt))
-        # A str or a bool would pass float(), and a NaN would pass max() as no wait at all.
-        if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or math.isnan(seconds):
-            raise ArgumentTypeError(f"backoff= returned {type(seconds).__name__} {seconds!r:.40}, "
+        # A str or a bool would pass float(), and a NaN (the one value unequal to itself) would
+        # pass max() as no wait at all.
+        if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or seconds != seconds:
+            raise ArgumentTypeError(f"backoff= returned {shown(seconds, typed=True, width=40)}, "
                                     f"not a number of seconds: return an int, a float or a timedelta")
-        return min(max(0.0, float(seconds)), MAX_RETRY_DELAY)
+        # Capped before float(): an int no float holds (10**400) is a wait past the cap, which
+        # float() would refuse with a bare OverflowError.
+        capped: Any = min(max(0.0, seconds), MAX_RETRY_DELAY)
+        return float(capped)
     except Exception as backoff_error:  # noqa: BLE001 - user code: raising here lost the outcome
         # Raised from here, the failure would never be written: the job would stay `running`,
         # held by a live runtime that no longer knows it. It retries on the default backoff.

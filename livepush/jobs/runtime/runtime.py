@@ -58,7 +58,7 @@ from ...postgres.pools import AsyncPool, LoopPools, aclosed_while_idle
 from ...postgres.text import BIGINT_MAX
 from ...repeats import Repeats
 from ...tasks import Backoff, reraise_if_cancelled, supervise
-from ...types import Seconds, as_seconds, is_finite
+from ...types import Seconds, as_seconds, is_finite, shown
 from ...usercode import as_module, is_a_path, names_the_module, not_found, what_raised, where_raised
 from .. import database, queries
 from ..api.enqueue import SCRIPT_PREFIX
@@ -205,8 +205,8 @@ class OptionNames:
     def said(self, keyword: str, value: Any) -> str:
         """The option `keyword` of Runtime as the caller gave it, with its value."""
         if self.flags:
-            return f"--{keyword.replace('_', '-')} {value!r:.40}"
-        return f"Runtime({keyword}={value!r:.40})"
+            return f"--{keyword.replace('_', '-')} {shown(value, width=40)}"
+        return f"Runtime({keyword}={shown(value, width=40)})"
 
     def name(self, keyword: str) -> str:
         """The option `keyword` of Runtime as the caller knows it, without a value."""
@@ -244,7 +244,7 @@ def _queue_list(queues: Sequence[str], names: OptionNames) -> Sequence[str]:
     None, served every queue, those meant for other runtimes too."""
     if isinstance(queues, (str, bytes)):
         raise ConfigError(f"{names.said('queues', queues)} is one string: pass a list of queue names, "
-                          f"e.g. [{queues!r:.80}]")
+                          f"e.g. [{shown(queues, width=80)}]")
     if not queues:
         every = "leave the flag out" if names.flags else "pass None"
         raise ConfigError(f"{names.said('queues', queues)} names no queue: list the queues to run, or {every} "
@@ -308,8 +308,8 @@ class Runtime:
         else:
             if isinstance(modules, (str, bytes)):
                 # A str is a sequence of one-letter names: the error would name a module "m".
-                raise ConfigError(f"the job modules {modules!r:.80} are one string: pass a list of module names, "
-                                  f"e.g. [{modules!r:.80}]")
+                raise ConfigError(f"the job modules {shown(modules, width=80)} are one string: pass a list of module names, "
+                                  f"e.g. [{shown(modules, width=80)}]")
             module_names = list(modules or ())
             load_modules(module_names)
             self.registry = REGISTRY
@@ -493,10 +493,10 @@ class Runtime:
         # bound timed out at once, as if the runtime had not started.
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))):
             raise ArgumentTypeError(f"wait_started(timeout=) takes seconds, a timedelta or None (no bound), got "
-                                    f"{type(timeout).__name__} {timeout!r:.60}")
+                                    f"{shown(timeout, typed=True, width=60)}")
         if timeout is not None and not (is_finite(timeout) and timeout >= 0):
             raise ArgumentValueError(f"wait_started(timeout=) takes zero or more seconds, a finite number (None: no "
-                                     f"bound), got {timeout!r:.60}")
+                                     f"bound), got {shown(timeout, width=60)}")
         waits = [asyncio.ensure_future(self._started.wait()), asyncio.ensure_future(self._ended.wait())]
         try:
             await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)

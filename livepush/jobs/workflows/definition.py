@@ -26,7 +26,7 @@ from ..durable.run import MAX_SECONDS, check_name
 from ..errors import WorkflowDefinitionError
 from ...blocking import due, say
 from ...errors import ConfigError
-from ...types import as_seconds
+from ...types import as_seconds, shown
 from ...usercode import cannot_take
 
 # A step's function: the decorators return it as they were given it, so its own type stays.
@@ -119,7 +119,7 @@ class Workflow:
             raise WorkflowDefinitionError(f"{where}: step {step!r} is a @jobs.job function ({fn.name!r}); a step is "
                                           "a job of its own: decorate the plain function with the step only")
         if not callable(fn):
-            raise WorkflowDefinitionError(f"{where}: a step is a function of ctx, got {type(fn).__name__} {fn!r:.60}")
+            raise WorkflowDefinitionError(f"{where}: a step is a function of ctx, got {shown(fn, typed=True, width=60)}")
         # name= given (even "" or a non-str) is the name checked: falling back to the function's
         # name would run the step under a name the user did not write.
         name = options.pop("name", None)
@@ -151,14 +151,14 @@ class Workflow:
         try:
             deps = tuple(after or ())
         except TypeError:
-            raise WorkflowDefinitionError(f"{where}: step {name!r} after= takes the names of steps, got {after!r:.60}"
+            raise WorkflowDefinitionError(f"{where}: step {name!r} after= takes the names of steps, got {shown(after, width=60)}"
                                           ) from None
         for dep in deps:
             # A name is a str: anything else (a list nested in the list, the step's function) is
             # named as a mistake here, where an unhashable one failed the lookup with a TypeError.
             if not isinstance(dep, str):
                 raise WorkflowDefinitionError(f"{where}: step {name!r} after= takes the names of steps (strs), "
-                                              f"got {dep!r:.60} in it")
+                                              f"got {shown(dep, width=60)} in it")
             if dep not in self.steps:
                 raise WorkflowDefinitionError(
                     f"{where}: step {name!r} comes after {dep!r}, which is not a step defined above it "
@@ -191,7 +191,7 @@ class Workflow:
                                          or not isinstance(wait_timeout, (int, float)) or not wait_timeout > 0
                                          or not wait_timeout <= MAX_SECONDS):
             raise WorkflowDefinitionError(f"{where}: step {name!r} wait_timeout= takes a positive number of seconds "
-                                          f"or a timedelta, at most 100 years, with wait_for=; got {wait_timeout!r:.40}")
+                                          f"or a timedelta, at most 100 years, with wait_for=; got {shown(wait_timeout, width=40)}")
         if on_timeout not in ON_TIMEOUT:
             raise WorkflowDefinitionError(f"{where}: step {name!r} on_timeout={on_timeout!r}: use one of {ON_TIMEOUT}")
         if on_batch_failure not in ON_BATCH_FAILURE:

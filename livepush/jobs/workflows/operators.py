@@ -14,6 +14,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
+from ...types import shown
 from ...blocking import warn_if_on_event_loop
 from .. import database
 from .. import queries as job_queries
@@ -40,7 +41,7 @@ def _run_id(value: Any) -> int:
     reads it as the stand-in NO_SUCH_ID, which the message must not show instead)."""
     run_id = checked_id(value, "run_id")
     if run_id == NO_SUCH_ID:
-        raise WorkflowNotFound(f"no workflow run {value} (never started, or deleted after its retention time)")
+        raise WorkflowNotFound(f"no workflow run {shown(value)} (never started, or deleted after its retention time)")
     return run_id
 
 
@@ -62,7 +63,7 @@ def _verb_steps(run_id: int, verb: str, step: str | None, actor: str | None, rea
     except KeyError:
         raise ArgumentValueError(f"workflow run {run_id} has no step {step!r}") from None
     if run is None:
-        raise WorkflowNotFound(f"no workflow run {run_id} (never started, or deleted after its retention time)")
+        raise WorkflowNotFound(f"no workflow run {shown(run_id)} (never started, or deleted after its retention time)")
     return applied, to_cancel
 
 
@@ -147,7 +148,7 @@ def _target(run_id: int, name: str, lock: bool) -> steps.Steps[dict[str, Any]]:
     whose job got one already, nor a step not started that the run keeps one for."""
     runs = yield steps.Query(wq.LOCK_RUN_FOR_SIGNAL if lock else wq.RUN_OF, {"id": run_id})
     if not runs:
-        raise WorkflowNotFound(f"no workflow run {run_id} (never started, or deleted after its retention time)")
+        raise WorkflowNotFound(f"no workflow run {shown(run_id)} (never started, or deleted after its retention time)")
     run = runs[0]
     if run["state"] in engine.RUN_FINISHED:
         raise ArgumentValueError(f"workflow run {run_id} has {run['state']}: it takes no more signals")
@@ -354,11 +355,11 @@ def _list_params(name: Any, state: Any, before: Any, limit: Any, key: Any) -> tu
     it (InvalidArgumentsError otherwise): a key no start could take finds no run, whatever was meant."""
     key = check_start_key(key)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
-        raise ArgumentValueError(f"limit= takes an int from 1 to 1000, got {limit!r}")
+        raise ArgumentValueError(f"limit= takes an int from 1 to 1000, got {shown(limit)}")
     if name is not None:
         name = _text(name, "name")
     if state is not None and state not in engine.RUN_STATES:
-        raise ArgumentValueError(f"state= takes one of {engine.RUN_STATES} or None, got {state!r:.60}")
+        raise ArgumentValueError(f"state= takes one of {engine.RUN_STATES} or None, got {shown(state, width=60)}")
     cursor = checked_cursor(before, "before") if before is not None else BIGINT_MAX
     params = {"name": name, "state": state, "before": cursor, "limit": limit, "key": key}
     return (wq.LIST_RUNS if key is None else wq.LIST_KEYED_RUNS), params

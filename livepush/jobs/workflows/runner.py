@@ -26,7 +26,7 @@ from ..api.args import check_args, check_json, encode, stored_whole
 from ..api.functions import is_async_callable
 from ..api.handles import WorkflowHandle
 from ..api.options import check_key
-from ...types import Seconds, as_seconds, is_finite
+from ...types import Seconds, as_seconds, is_finite, shown
 from ..api.registry import JobRequest, JobSpec
 from ..errors import (GroupLimitError, InvalidArgumentsError, InvalidResultError, JobCancelled, Reattempt,
                       SignalTimeout, WorkflowDefinitionError, WorkflowStepWaitError, durable_call_refusal)
@@ -118,7 +118,7 @@ class Flow:
             # The step's own code would make the same call again: it fails at once, as a durable
             # ctx call given what it does not take does, rather than spending its attempts.
             raise durable_call_refusal(ArgumentValueError(
-                f"ctx.flow.reattempt(wait=) takes a finite number of seconds from 0, or a timedelta, got {wait!r:.60}"))
+                f"ctx.flow.reattempt(wait=) takes a finite number of seconds from 0, or a timedelta, got {shown(wait, width=60)}"))
         raise Reattempt(float(wait))
 
 
@@ -146,7 +146,7 @@ class Batch:
         elif isinstance(fn, JobSpec) and not isinstance(fn, type) and hasattr(fn, "request"):
             request = fn.request(*args)
         else:
-            raise ArgumentTypeError(f"batch.enqueue() takes a @jobs.job function and its arguments, got {fn!r:.80}")
+            raise ArgumentTypeError(f"batch.enqueue() takes a @jobs.job function and its arguments, got {shown(fn, width=80)}")
         fn_queue = request.function.queue
         self.requests.append(dataclasses.replace(request, queue=request.queue or fn_queue))
         return building.Added("batch.enqueue()", "the step's function returns") if self._is_async else None
@@ -158,7 +158,7 @@ class Batch:
         error names the call and the item's place, as jobs.enqueue_many()'s does."""
         if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
             raise ArgumentTypeError("batch.enqueue_many() takes an iterable of job.request(*args) values or "
-                                    f"(job_function, args) tuples, got {type(items).__name__} {items!r:.60}")
+                                    f"(job_function, args) tuples, got {shown(items, typed=True, width=60)}")
         before = len(self.requests)
         try:
             for index, entry in enumerate(items):
@@ -179,7 +179,7 @@ class Batch:
             return
         if len(entry) == 3 and entry[2]:
             raise ArgumentTypeError("a member of a fan-out batch takes no enqueue options (wait=, at=, key=, "
-                                    f"tags=): give (job_function, args), got options {entry[2]!r:.60}")
+                                    f"tags=): give (job_function, args), got options {shown(entry[2], width=60)}")
         self.enqueue(entry[0], *check_args(entry[1]))
 
     def __len__(self) -> int:
