@@ -21,7 +21,7 @@ from itsdangerous import BadSignature, Signer
 
 from .errors import ArgumentValueError, InvalidTopic
 from .postgres.text import BIGINT_MAX
-from .types import Seconds, as_seconds
+from .types import Seconds, as_seconds, shown
 
 MAX_TOPIC_LENGTH = 200
 TOPIC_RE = re.compile(rf"[A-Za-z0-9_.:/-]{{1,{MAX_TOPIC_LENGTH}}}")
@@ -54,9 +54,8 @@ def validate_topic(topic: object) -> str:
                 f"give the plain topic here, {plain[:60]!r}",
                 "invalid_topic",
             )
-        shown = repr(topic)[:60]
         raise InvalidTopic(
-            f"invalid topic {shown}: use 1 to 200 characters from A-Z a-z 0-9 _ . : / -",
+            f"invalid topic {shown(topic)}: use 1 to 200 characters from A-Z a-z 0-9 _ . : / -",
             "invalid_topic",
         )
     if topic.startswith(RESERVED_PREFIX):
@@ -118,7 +117,7 @@ def check_ttl(ttl: object, *, none_means: str = "no expiry", call: str = "sign_t
         # The seconds a timedelta was checked as, not its repr: timedelta(seconds=-1) reads
         # timedelta(days=-1, seconds=86399).
         raise ArgumentValueError(f"{call}: ttl must be a positive, finite number of seconds or a timedelta (or None: "
-                                 f"{none_means}), got {seconds!r:.60}")
+                                 f"{none_means}), got {shown(seconds, width=60)}")
     return seconds
 
 

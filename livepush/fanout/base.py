@@ -39,6 +39,7 @@ import abc
 import asyncio
 import json
 import logging
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +48,7 @@ from .. import metrics
 from ..channels import Handlers
 from ..errors import ArgumentTypeError, DependencyError, InvalidTopic, NotListeningError, PayloadTooLarge
 from ..topics import TOPIC_RE
-from ..types import JSON, Message, Offset, Receiver, ResyncHandler, Topic
+from ..types import JSON, Message, Offset, Receiver, ResyncHandler, Topic, shown
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
 # Messages per history read: a replay or a catch-up of any length is read and sent page by
@@ -107,6 +108,12 @@ def encode_payload(data: JSON, what: str = "publish() data") -> str:
     try:
         text = _encode(data)
     except (TypeError, ValueError) as exc:
+        if "integer string conversion" in str(exc):
+            # Python's own words name neither the value nor the limit's way out, which is not
+            # sys.set_int_max_str_digits(): a client's JSON.parse would lose the digits anyway.
+            raise ArgumentTypeError(f"{what} must be plain JSON: it holds an int of more than "
+                                    f"{sys.get_int_max_str_digits()} digits, which Python will not write; "
+                                    "send it as a string") from None
         raise ArgumentTypeError(f"{what} must be plain JSON: {exc}") from None
     except RecursionError:
         # The encoder follows nesting on the interpreter's stack: a few KiB of lists in lists
@@ -136,7 +143,7 @@ def batch_pairs(messages: Iterable[tuple[Topic, JSON]]) -> list[tuple[Topic, JSO
     items = list(messages)
     for i, item in enumerate(items):
         if not isinstance(item, tuple) or len(item) != 2:
-            raise ArgumentTypeError(f"publish_many() takes (topic, data) pairs: item {i} is {item!r:.60}")
+            raise ArgumentTypeError(f"publish_many() takes (topic, data) pairs: item {i} is {shown(item, width=60)}")
         if not isinstance(item[0], str):
             raise ArgumentTypeError(f"publish_many() item {i}: the topic must be a str, got {type(item[0]).__name__}")
     return items
@@ -149,8 +156,7 @@ def plain_topic(topic: Any) -> Topic:
     with the others of its frame."""
     if isinstance(topic, str) and TOPIC_RE.fullmatch(topic):
         return topic
-    shown = topic[:60] if isinstance(topic, str) else topic
-    raise InvalidTopic(f"invalid topic {shown!r:.80}: use 1 to 200 characters from A-Z a-z 0-9 _ . : / -")
+    raise InvalidTopic(f"invalid topic {shown(topic[:60] if isinstance(topic, str) else topic, width=80)}: use 1 to 200 characters from A-Z a-z 0-9 _ . : / -")
 
 
 def encode_batch(messages: Iterable[tuple[Topic, JSON]]) -> list[tuple[Topic, str]]:

@@ -33,7 +33,7 @@ from ..channels import Channels
 from ..errors import ListenError
 from ..repeats import Repeats
 from ..tasks import Backoff, stop
-from ..types import ResyncHandler as Resync
+from ..types import ResyncHandler as Resync, shown
 from .client import client_kwargs, failed, no_retries, one_line, own_url, redact, text
 
 log = logging.getLogger("livepush.redis.subscriber")
@@ -164,7 +164,7 @@ class Subscriber:
             if reply is None:
                 raise TimeoutError(f"no SUBSCRIBE confirmation within {self.connect_timeout} s")
             if not (isinstance(reply, list) and reply and text(reply[0], "replace") == "subscribe"):
-                raise RedisError(f"unexpected reply to SUBSCRIBE: {reply!r:.80}")
+                raise RedisError(f"unexpected reply to SUBSCRIBE: {shown(reply, width=80)}")
             confirmed.add(text(reply[1], "replace"))
         for channel in self._channels:
             channel.live.set()

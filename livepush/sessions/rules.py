@@ -48,7 +48,7 @@ from typing import Any, TypeAlias
 from ..errors import ArgumentTypeError, ArgumentValueError, ConfigError
 from .tokens import Session
 from ..topics import MAX_TOPIC_LENGTH, RESERVED_PREFIX, TOPIC_RE, livepush_owned
-from ..types import Seconds, as_seconds
+from ..types import Seconds, as_seconds, shown
 from ..usercode import (as_module, cannot_take, importable_from_cwd, is_a_path, names_the_module, not_found, what_raised,
                         where_raised)
 
@@ -116,7 +116,7 @@ class Allow:
 
     def __post_init__(self) -> None:
         if not isinstance(self.pattern, str) or not self.pattern:
-            raise ArgumentValueError(f"Allow() needs a non-empty pattern string, got {self.pattern!r}")
+            raise ArgumentValueError(f"Allow() needs a non-empty pattern string, got {shown(self.pattern)}")
         if self.pattern.startswith(RESERVED_PREFIX):
             raise ArgumentValueError(f"Allow({self.pattern!r}): topics starting with {RESERVED_PREFIX!r} are "
                                      "livepush's own")
@@ -243,7 +243,7 @@ def _positive(name: str, value: object) -> float:
             pass
     if not 0 < seconds < math.inf:
         raise ArgumentValueError(f"App({name}=...) must be a positive, finite number of seconds or a timedelta, "
-                                 f"got {value!r:.60}")
+                                 f"got {shown(value, width=60)}")
     return seconds
 
 
@@ -291,7 +291,7 @@ def _check_authorize(authorize: Callable[..., Any]) -> None:
     why = cannot_take(authorize, None, "topic")
     if why is not None:
         raise ArgumentTypeError(f"App(authorize=...) is called with (session, topic), the session None for "
-                                f"an anonymous connection, but {authorize!r:.60} cannot take them ({why}): "
+                                f"an anonymous connection, but {shown(authorize, width=60)} cannot take them ({why}): "
                                 "e.g. def authorize(session, topic): ...")
 
 
@@ -330,7 +330,7 @@ class App:
         for i, rule in enumerate(self.rules):
             if not isinstance(rule, Allow):
                 # A pattern as text is the likely slip (other servers list channel rules so): show its rule.
-                hint = f": write livepush.Allow({rule!r:.100})" if isinstance(rule, str) else ""
+                hint = f": write livepush.Allow({shown(rule, width=100)})" if isinstance(rule, str) else ""
                 raise ArgumentTypeError(f"App(rules=...): item {i} is a {type(rule).__name__}, not livepush.Allow{hint}")
         if authorize is not None and not callable(authorize):
             raise ArgumentTypeError(f"App(authorize=...) must be callable(session, topic), got {type(authorize).__name__}")
@@ -339,7 +339,7 @@ class App:
         self.authorize = authorize
         self.authorize_timeout = _positive("authorize_timeout", authorize_timeout)
         if isinstance(max_subscriptions, bool) or not isinstance(max_subscriptions, int) or max_subscriptions < 1:
-            raise ArgumentValueError(f"App(max_subscriptions=...) must be a positive int, got {max_subscriptions!r}")
+            raise ArgumentValueError(f"App(max_subscriptions=...) must be a positive int, got {shown(max_subscriptions)}")
         self.max_subscriptions = max_subscriptions
         self.reverify_interval = _positive("reverify_interval", reverify_interval)
         self._authorize_is_async = authorize is not None and _is_async(authorize)

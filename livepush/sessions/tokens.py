@@ -20,7 +20,7 @@ from itsdangerous import BadData, BadSignature, URLSafeSerializer
 from ..config import get_settings
 from ..errors import ArgumentTypeError, ArgumentValueError, InvalidSession
 from ..postgres.text import unstorable
-from ..types import Seconds, as_seconds
+from ..types import Seconds, as_seconds, shown
 
 MAX_TOKEN_LENGTH = 4096
 MAX_SUBJECT_LENGTH = 200
@@ -28,6 +28,8 @@ MAX_SUBJECT_LENGTH = 200
 # past revoked_at + MAX_TTL no session it covers can still be valid (on a clock in step: see
 # revocations.SUBJECT_KEPT), so the row may go.
 MAX_TTL = 366 * 86400.0
+# now= at most: 9999-12-31T23:59:59Z, the last second Python's datetime can write.
+MAX_NOW = 253402300799.0
 
 _SALT = "livepush.session"
 _FORMAT = 1  # first element of the payload, so a future format can be told apart
@@ -82,13 +84,13 @@ def _check_ttl(given: object, call: str) -> float:
     ttl = as_seconds(given)  # a timedelta is checked as its seconds, with the errors a number gets
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
         raise ArgumentValueError(f"{call}(ttl=) takes a number of seconds or a timedelta, got {type(ttl).__name__} "
-                                 f"{ttl!r:.60}")
+                                 f"{shown(ttl, width=60)}")
     # Compared, not passed to math.isfinite(): an int past a float's range (10**400) raised a bare
     # OverflowError there.
     if not ttl > 0:  # NaN too
-        raise ArgumentValueError(f"{call}(ttl=) must be a positive number of seconds, got {ttl!r:.60}")
+        raise ArgumentValueError(f"{call}(ttl=) must be a positive number of seconds, got {shown(ttl, width=60)}")
     if ttl > MAX_TTL:
-        raise ArgumentValueError(f"{call}(ttl=) is at most {int(MAX_TTL)} seconds (366 days), got {ttl!r:.60}: "
+        raise ArgumentValueError(f"{call}(ttl=) is at most {int(MAX_TTL)} seconds (366 days), got {shown(ttl, width=60)}: "
                                  "issue a new token instead")
     return float(ttl)
 
@@ -109,6 +111,7 @@ def issue_for(call: str, subject: object, ttl: object, *, now: float | None = No
     named as an argument of the call the app wrote, not of issue(), which it never called."""
     subject = check_subject(subject, f"{call}()")
     seconds = _check_ttl(ttl, call)
+    _check_now(now, call)
     settings = get_settings()
     settings.require_secret()
     return _encode(subject, seconds, settings.secrets, now=now)
@@ -120,6 +123,19 @@ def stamp_ms(now: float | None = None) -> int:
     issued in its own millisecond or before count as revoked; rounded, a cut-off late in its
     millisecond would also cover the sessions of the next one."""
     return int((time.time() if now is None else now) * 1000)
+
+
+def _check_now(now: object, call: str) -> None:
+    """`now=`, the clock a test stands in for: None, or a finite number of seconds since the epoch.
+    Anything else failed in the token's arithmetic with a bare TypeError or OverflowError."""
+    if now is None:
+        return
+    if isinstance(now, bool) or not isinstance(now, (int, float)):
+        raise ArgumentTypeError(f"{call}(now=) takes seconds since the epoch (or None: the clock), "
+                                f"got {shown(now, typed=True)}")
+    if not 0 <= now <= MAX_NOW:  # NaN too
+        raise ArgumentValueError(f"{call}(now=) takes seconds since the epoch, from 0 to {MAX_NOW:.0f} "
+                                 f"(or None: the clock), got {shown(now)}")
 
 
 def _encode(subject: str, ttl: float, secrets: Sequence[str], *, now: float | None = None) -> str:

@@ -25,6 +25,7 @@ from django.db import connections
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from ...types import shown
 from ... import jobs
 from ...errors import ConfigError
 from ...jobs import database as jobs_database
@@ -107,17 +108,17 @@ class LivePushBackend(BaseTaskBackend):
         self.database = self.options.get("DATABASE", "default")
         if not isinstance(self.database, str) or self.database not in connections.settings:
             raise ImproperlyConfigured(f"{option}['DATABASE'] must name a database of DATABASES (the one whose "
-                                       f"transactions an enqueue joins), got {self.database!r:.60}; it has "
+                                       f"transactions an enqueue joins), got {shown(self.database, width=60)}; it has "
                                        f"{sorted(connections.settings)}")
         on_commit = self.options.get("ENQUEUE_ON_COMMIT", True)
         if not isinstance(on_commit, bool):  # "no" would read as True
-            raise ImproperlyConfigured(f"{option}['ENQUEUE_ON_COMMIT'] must be True or False, got {on_commit!r:.60}")
+            raise ImproperlyConfigured(f"{option}['ENQUEUE_ON_COMMIT'] must be True or False, got {shown(on_commit, width=60)}")
         self.enqueue_on_commit = on_commit
         attempts = self.options.get("MAX_ATTEMPTS", 1)
         # Stored in a Postgres integer: a larger "no limit" failed every enqueue with a DependencyError.
         if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= INT4_MAX:
             raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS']['MAX_ATTEMPTS'] must be a whole number "
-                                       f"of attempts, 1 or more and at most {INT4_MAX}, got {attempts!r:.60}")
+                                       f"of attempts, 1 or more and at most {INT4_MAX}, got {shown(attempts, width=60)}")
         self.max_attempts = attempts
         self._specs: dict[tuple[str, int], TaskSpec] = {}
         self._valid: set[tuple[Any, ...]] = set()  # tasks (as validate_task reads them) that passed
@@ -259,7 +260,7 @@ def livepush_backends() -> dict[str, dict[str, Any]]:
     # Read at Django's start (the app's ready()), before the framework reads it: a shape it cannot
     # be failed there with an AttributeError from here, which named no setting.
     if not isinstance(tasks, dict) or not all(isinstance(params, dict) for params in tasks.values()):
-        got = f"{tasks!r:.80}" if isinstance(tasks, dict) else f"a {type(tasks).__name__}"
+        got = f"{shown(tasks, width=80)}" if isinstance(tasks, dict) else f"a {type(tasks).__name__}"
         raise ImproperlyConfigured("TASKS must be a dict of aliases to dicts, such as {'default': {'BACKEND': "
                                    f"'livepush.contrib.django.LivePushBackend'}}}}, got {got}")
     for alias, params in tasks.items():
@@ -322,7 +323,7 @@ def _check_shape(alias: str, params: dict[str, Any]) -> None:
     queues = params.get("QUEUES", [])
     if isinstance(queues, str) or not isinstance(queues, (list, tuple, set, frozenset)):
         raise ImproperlyConfigured(f"TASKS[{alias!r}]['QUEUES'] must be a list of queue names such as "
-                                   f"['default', 'emails'], got {queues!r:.60}")
+                                   f"['default', 'emails'], got {shown(queues, width=60)}")
     options = params.get("OPTIONS", {})
     if not isinstance(options, dict):
         raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS'] must be a dict such as {{'MAX_ATTEMPTS': 3}} "

@@ -20,6 +20,7 @@ from typing import Any
 
 from django.db import transaction
 
+from ...types import shown
 from ... import blocking, jobs
 from ...errors import ArgumentTypeError
 from .errors import TaskNotSupported, arguments_error, refuse_uncallable
@@ -53,7 +54,7 @@ def request(task: Task, *args: Any, **kwargs: Any) -> jobs.JobRequest:
         hint = ("; a livepush @jobs.job is its own request: some_job.request(*args)"
                 if isinstance(task, jobs.JobFunction) else "")
         raise ArgumentTypeError(f"request() takes a Django @task and its arguments, such as request(send_report, 7), "
-                                f"got {type(task).__name__} {task!r:.60}{hint}")
+                                f"got {shown(task, typed=True, width=60)}{hint}")
     try:
         job_args = normalize_json(list(args)), normalize_json(kwargs)
     except (TypeError, ValueError) as exc:

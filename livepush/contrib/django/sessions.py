@@ -46,7 +46,7 @@ from ...sessions import Session
 from ...sessions.revocations import CLOCK_ALLOWANCE, READ_TIMEOUT
 from ...sessions.handshake import COOKIE_NAME, HOST_COOKIE_NAME
 from ...sessions.tokens import MAX_TTL, check_subject
-from ...types import as_seconds
+from ...types import as_seconds, shown
 from ...usercode import cannot_take, what_raised
 from .._cookies import (COOKIE_NAMES, domain_for, is_host_name, nowhere_to_revoke, other_subjects, session_cookie,
                        session_cookies, session_token)
@@ -85,7 +85,7 @@ def subject_of(user: Any) -> str:
     # Only a string or a whole number: str() of None would give every user it is returned for the
     # one subject "None", and so each other's sessions and topics.
     if isinstance(subject, bool) or not isinstance(subject, (str, int)):
-        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT returned {subject!r:.60} for user {user.pk!r}: it must "
+        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT returned {shown(subject, width=60)} for user {user.pk!r}: it must "
                                    "return the user's subject, a string (or an int) that no other user has")
     try:
         return check_subject(str(subject))
@@ -101,12 +101,12 @@ def _subject_setting() -> Callable[[Any], object] | None:
         custom = _subject_function(custom)
     if custom is not None and not callable(custom):
         raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT must be a function of the user that returns its "
-                                   f"subject, or its dotted path ('myapp.auth.subject'), got {custom!r:.60}")
+                                   f"subject, or its dotted path ('myapp.auth.subject'), got {shown(custom, width=60)}")
     # Called with the user alone, at each signed-in request: one of another shape failed every
     # one of them with a TypeError, where this is checked at the server's start.
     why = None if custom is None else cannot_take(custom, None)
     if why is not None:
-        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT is called with the user alone, but {custom!r:.60} "
+        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT is called with the user alone, but {shown(custom, width=60)} "
                                    f"cannot take it ({why}): e.g. def subject(user): return str(user.pk)")
     return custom
 
@@ -118,17 +118,17 @@ def _subject_function(path: str) -> Callable[[Any], object]:
     try:
         found = import_string(path)
     except ImportError as exc:
-        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT = {path!r:.100} does not import ({what_raised(exc)}): "
+        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT = {shown(path, width=100)} does not import ({what_raised(exc)}): "
                                    "name the function as 'package.module.function', importable from the "
                                    "web processes") from exc
     except Exception as exc:  # noqa: BLE001 - the site's own module: any error in it, at its import
         # Let through, a NameError in the site's code stopped `manage.py check` with a traceback
         # before it reported anything, where this setting's other mistakes are livepush.E003.
-        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT = {path!r:.100} failed while its module was imported "
+        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT = {shown(path, width=100)} failed while its module was imported "
                                    f"({what_raised(exc)}): fix that error in the module, or name another "
                                    "function") from exc
     if not callable(found):
-        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT = {path!r:.100} names {found!r:.60}, which is no "
+        raise ImproperlyConfigured(f"LIVEPUSH_SESSION_SUBJECT = {shown(path, width=100)} names {shown(found, width=60)}, which is no "
                                    "function: name a function of the user that returns its subject")
     subject_of: Callable[[Any], object] = found
     return subject_of
@@ -141,7 +141,7 @@ def _domain() -> str | None:
     domain = getattr(settings, "LIVEPUSH_SESSION_COOKIE_DOMAIN", None)
     if domain is not None and not is_host_name(domain):
         raise ImproperlyConfigured(f"LIVEPUSH_SESSION_COOKIE_DOMAIN must be a host name such as 'example.com' (no "
-                                   f"scheme, port or path), or None for a host-only cookie; got {domain!r:.60}")
+                                   f"scheme, port or path), or None for a host-only cookie; got {shown(domain, width=60)}")
     return domain
 
 
@@ -178,7 +178,7 @@ def _ttl() -> float:
         ttl = math.nan
     if not 0 < ttl <= MAX_TTL:  # NaN and infinities too
         raise ImproperlyConfigured(f"LIVEPUSH_SESSION_TTL must be a number of seconds or a timedelta, more than 0 "
-                                   f"and at most {int(MAX_TTL)} (366 days), got {value!r:.60}")
+                                   f"and at most {int(MAX_TTL)} (366 days), got {shown(value, width=60)}")
     return ttl
 
 

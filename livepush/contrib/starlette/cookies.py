@@ -15,7 +15,7 @@ from ...errors import ArgumentTypeError, ArgumentValueError, DependencyError, In
 from ...sessions import Session
 from ...sessions.revocations import READ_TIMEOUT
 from ...sessions.tokens import issue_for
-from ...types import Seconds, as_seconds
+from ...types import Seconds, as_seconds, shown
 from .._cookies import (SessionCookie, deleting_cookies, domain_for, is_host_name, nowhere_to_revoke,
                        other_subjects, private_cache_control, session_cookie, session_cookies, stale_cookies,
                        vary_cookie)
@@ -44,7 +44,7 @@ def _check_domain(call: str, domain: object) -> None:
     Domain is a URL, has a port or a path, and every socket came in anonymous with nothing saying why."""
     if domain is not None and not is_host_name(domain):
         raise ArgumentValueError(f"{call}(domain=) takes a host name such as 'example.com' (no scheme, port or "
-                                 f"path), or None for a host-only cookie; got {domain!r:.60}")
+                                 f"path), or None for a host-only cookie; got {shown(domain, width=60)}")
 
 
 def _set(response: Response, cookie: SessionCookie) -> None:
