@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from .types import shown
 from .errors import ConfigError
 
 FANOUTS = ("postgres", "redis", "local")
@@ -159,7 +160,7 @@ class Settings:
             except ValueError:
                 # Always the variable's text: a flag given leaves its variable unread.
                 setting = name.removeprefix("LIVEPUSH_").lower()
-                said = named_setting(setting, repr(text), (flags or {}).get(setting), given_by_flag=False)
+                said = named_setting(setting, shown(text, width=40), (flags or {}).get(setting), given_by_flag=False)
                 raise ConfigError(f"{said} is not a number: set {hint}") from None
 
         database_url = get("LIVEPUSH_DATABASE_URL")
@@ -292,7 +293,7 @@ class Settings:
             raise ConfigError(f"{self.named('host', repr(self.host[:100]))} is not a host name ({reason}): give "
                               "an address to listen on, e.g. 127.0.0.1, or 0.0.0.0 for every interface") from None
         if not 0 <= self.port <= 65535:
-            raise ConfigError(f"{self.named('port', self.port)} is out of range: use a port from 0 to 65535")
+            raise ConfigError(f"{self.named('port', shown(self.port))} is out of range: use a port from 0 to 65535")
         if not MIN_HISTORY_TTL <= self.history_ttl <= MAX_HISTORY_TTL:
             raise ConfigError(f"LIVEPUSH_HISTORY_TTL={_digits(self.history_ttl)} is out of range: set seconds from "
                               f"{_digits(MIN_HISTORY_TTL)} to {_digits(MAX_HISTORY_TTL)} (a year), e.g. 300")
@@ -312,7 +313,7 @@ class Settings:
                               f"is out of range: use 0 to {_digits(MAX_MIGRATE_LOCK_TIMEOUT)} seconds (0: wait as long "
                               "as it takes)")
         if self.max_connections is not None and self.max_connections < 1:
-            raise ConfigError(f"LIVEPUSH_MAX_CONNECTIONS={self.max_connections} must be at least 1 (or unset: no cap)")
+            raise ConfigError(f"LIVEPUSH_MAX_CONNECTIONS={shown(self.max_connections)} must be at least 1 (or unset: no cap)")
         if self.redis_prefix is not None:
             from .redis.client import check_prefix  # the redis package only where a prefix is set
 
@@ -347,7 +348,7 @@ def read_number(text: str, kind: type[int] | type[float]) -> Any:
     writes, and a typo would be read as a different number. Every numeric setting and flag is
     read through here; each caller checks its own range."""
     if not isinstance(text, str) or not text.isascii() or "_" in text:
-        raise ValueError(f"not a plain number: {text!r:.40}")
+        raise ValueError(f"not a plain number: {shown(text, width=40)}")
     return kind(text)
 
 

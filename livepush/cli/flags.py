@@ -9,6 +9,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from ..types import shown
 from ..config import read_number
 
 
@@ -17,7 +18,7 @@ def _reader(kind: type[int] | type[float], wanted: str) -> Callable[[str], Any]:
         try:
             return kind(read_number(text, kind))
         except ValueError:
-            raise argparse.ArgumentTypeError(f"takes {wanted}, got {text!r:.40}") from None
+            raise argparse.ArgumentTypeError(f"takes {wanted}, got {shown(text, width=40)}") from None
 
     return read
 
@@ -31,7 +32,7 @@ def positive_seconds(text: str) -> float:
     under its parameter's name."""
     value: float = seconds(text)
     if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"takes a positive number of seconds (e.g. 3600), got {text!r:.40}")
+        raise argparse.ArgumentTypeError(f"takes a positive number of seconds (e.g. 3600), got {shown(text, width=40)}")
     return value
 
 
@@ -58,6 +59,6 @@ class Once(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         if getattr(namespace, self.dest, None) is not None:
-            raise argparse.ArgumentError(self, f"given more than once ({getattr(namespace, self.dest)!r:.80}, then "
-                                               f"{values!r:.80}): give it once{self.instead}")
+            raise argparse.ArgumentError(self, f"given more than once ({shown(getattr(namespace, self.dest), width=80)}, then "
+                                               f"{shown(values, width=80)}): give it once{self.instead}")
         setattr(namespace, self.dest, values)

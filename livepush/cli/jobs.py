@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 
+from ..types import shown
 from .. import api, loops, metrics
 from ..config import Settings, read_number
 from ..errors import ConfigError
@@ -51,7 +52,7 @@ def _port(text: str) -> int:
     except ValueError:
         port = -1
     if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"takes a TCP port from 0 to 65535, got {text!r}")
+        raise argparse.ArgumentTypeError(f"takes a TCP port from 0 to 65535, got {shown(text, width=40)}")
     return port
 
 

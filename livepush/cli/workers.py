@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..types import shown
 from .. import metrics
 from ..config import MAX_WORKERS, Settings, named_setting, read_number
 from ..errors import ConfigError
@@ -110,7 +111,7 @@ def worker_count(flag: str | None, environ: Mapping[str, str] | None = None) -> 
     if flag is not None and not flag.strip():
         # `--workers "$N"` with N unset: one process where many were meant, and nothing said.
         # (An empty LIVEPUSH_WORKERS is unset, as every empty setting is.)
-        raise ConfigError(f"--workers {flag!r} is empty: give a whole number from 1 to {MAX_WORKERS}, or auto "
+        raise ConfigError(f"--workers {shown(flag, width=40)} is empty: give a whole number from 1 to {MAX_WORKERS}, or auto "
                           f"(one per core), or leave the flag out ({WORKERS_VARIABLE} then says, else one process)")
     text = (flag if flag is not None else env.get(WORKERS_VARIABLE, "")).strip() or "1"
     if text.lower() == "auto":
@@ -120,7 +121,7 @@ def worker_count(flag: str | None, environ: Mapping[str, str] | None = None) -> 
     except ValueError:
         count = 0
     if not 1 <= count <= MAX_WORKERS:
-        raise ConfigError(f"{workers_named(flag, env, repr)} is not a number of processes: use a whole "
+        raise ConfigError(f"{workers_named(flag, env, lambda text: shown(text, width=40))} is not a number of processes: use a whole "
                           f"number from 1 to {MAX_WORKERS}, or auto (one per core)")
     return count
 
