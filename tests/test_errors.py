@@ -10,20 +10,17 @@ from typing import Any
 import pytest
 
 import livepush
-from livepush import ArgumentTypeError, ArgumentValueError, LivepushError, api, jobs
-from livepush.config import Settings, set_settings
+from livepush import ArgumentTypeError, ArgumentValueError, LivepushError, jobs
+from tests.support.settings import local_settings
 
 SECRET = "k3Yq9-rT7pW2xZ8vN4bL6mC1dF5gH0jS"
 
 
 @pytest.fixture(autouse=True)
-def local_settings() -> Iterator[None]:
+def local_only() -> Iterator[None]:
     """The local fan-out and no database: every call below must refuse before it needs either."""
-    set_settings(Settings(secret=SECRET))
-    api.set_default_fanout(None)
-    yield
-    api.set_default_fanout(None)
-    set_settings(None)
+    with local_settings(SECRET):
+        yield
 
 
 @jobs.job(queue="errors-test")

@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 
 import livepush
-from livepush import ArgumentTypeError, ArgumentValueError, ConfigError, InvalidTopic, api, jobs
-from livepush.config import Settings, set_settings
+from livepush import ArgumentTypeError, ArgumentValueError, ConfigError, InvalidTopic, jobs
 from livepush.jobs.api.registry import Registry
 from livepush.jobs.durable.run import _seconds as durable_seconds
 from livepush.jobs.groups.context import SyncGroupContext
@@ -26,6 +25,7 @@ from livepush.jobs.runtime.context import progress_value
 from livepush.jobs.runtime.runtime import Runtime
 from livepush.jobs.workflows.runner import Flow
 from livepush.types import shown
+from tests.support.settings import local_settings
 
 SECRET = "k3Yq9-rT7pW2xZ8vN4bL6mC1dF5gH0jS"
 MAX_MESSAGE = 300  # characters: a refusal is a line to read, not a dump of the value
@@ -52,13 +52,10 @@ ENDLESS = frozenset({"10**400", "10**5000", "inf"})
 
 
 @pytest.fixture(autouse=True)
-def local_settings() -> Iterator[None]:
+def local_only() -> Iterator[None]:
     """The local fan-out and no database: every refusal below comes before either is needed."""
-    set_settings(Settings(secret=SECRET))
-    api.set_default_fanout(None)
-    yield
-    api.set_default_fanout(None)
-    set_settings(None)
+    with local_settings(SECRET):
+        yield
 
 
 @jobs.job(name="numbers.noop", queue="numbers-test")

@@ -29,3 +29,16 @@ def jobs_settings(url: str, **options: Any) -> Iterator[str]:
         api.set_default_fanout(None)
         sessions.set_default_store(None)
         config.set_settings(None)
+
+
+@contextlib.contextmanager
+def local_settings(secret: str) -> Iterator[None]:
+    """The local fan-out, no database and `secret`: for tests of what a call refuses before it
+    needs either; everything put back afterwards."""
+    config.set_settings(config.Settings(secret=secret))
+    api.set_default_fanout(None)
+    try:
+        yield
+    finally:
+        api.set_default_fanout(None)
+        config.set_settings(None)
