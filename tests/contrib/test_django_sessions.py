@@ -272,11 +272,12 @@ def test_signing_in_as_another_user_revokes_the_previous_users_session() -> None
     ("LIVEPUSH_SESSION_TTL", 0),
     ("LIVEPUSH_SESSION_TTL", 400 * 86400),
     ("LIVEPUSH_SESSION_TTL", timedelta(0)),
+    ("LIVEPUSH_SESSION_TTL", 10**5000),
     ("LIVEPUSH_SESSION_SUBJECT", "myapp.auth.subject_of"),
     ("LIVEPUSH_SESSION_SUBJECT", "tests.contrib.django_subjects.NOT_A_FUNCTION"),
     ("LIVEPUSH_SESSION_SUBJECT", lambda user: None),
     ("LIVEPUSH_SESSION_SUBJECT", lambda user: ""),
-], ids=["ttl-text", "ttl-none", "ttl-zero", "ttl-over-366-days", "ttl-zero-timedelta", "subject-a-path-that-does-not-import",
+], ids=["ttl-text", "ttl-none", "ttl-zero", "ttl-over-366-days", "ttl-zero-timedelta", "ttl-no-float-holds", "subject-a-path-that-does-not-import",
         "subject-a-path-to-no-function", "subject-none", "subject-empty"])
 def test_a_bad_session_setting_is_an_error_naming_it(name: str, value: Any) -> None:
     """A session setting Django cannot use is ImproperlyConfigured naming the setting, never a bare

@@ -174,7 +174,7 @@ def _ttl() -> float:
     value = getattr(settings, "LIVEPUSH_SESSION_TTL", DEFAULT_TTL)
     try:
         ttl = float(as_seconds(value)) if not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int no float holds (10**400)
         ttl = math.nan
     if not 0 < ttl <= MAX_TTL:  # NaN and infinities too
         raise ImproperlyConfigured(f"LIVEPUSH_SESSION_TTL must be a number of seconds or a timedelta, more than 0 "
