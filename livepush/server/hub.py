@@ -291,7 +291,8 @@ class Hub:
         self._read_ons_failing = 0
         self._read_on_gave_up = False
         # Message topics anchored since the last keep of their chains, the event that says one
-        # came, and the task that keeps them (running while any message topic is watched).
+        # came (or that a topic went), and the task that keeps them (running while any message
+        # topic is watched: it ends once the last one goes).
         self._keep_new: set[str] = set()
         self._keep_woken = asyncio.Event()
         self._keeping: asyncio.Task[None] | None = None
@@ -1014,9 +1015,16 @@ class Hub:
                     await asyncio.sleep(KEEP_RETRY_SECONDS)
                 else:
                     if not self._keep_new:
+                        # Once the last topic watched has gone (_forget_if_idle wakes us, or it went
+                        # while we kept), there is nothing to keep: waiting out the pass for nothing
+                        # held this task and its timer for hours after.
+                        if not self._watches_messages():
+                            return
                         self._keep_woken.clear()
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(self._keep_woken.wait(), max(due - loop.time(), 0))
+                        if not self._keep_new and not self._watches_messages():
+                            return
                     # Topics watched in a burst of subscribes are kept together.
                     await asyncio.sleep(max(min(KEEP_NEW_SECONDS, due - loop.time()), 0))
                 every_one = bool(failures) or loop.time() >= due
@@ -1194,6 +1202,12 @@ class Hub:
         if t.idle and not t.reading and self._topics.get(t.name) is t:
             del self._topics[t.name]
             self._born(t.name)
+            if t.source is None and self._keeping is not None:
+                self._keep_woken.set()  # it may have been the last one watched: _keep_chains ends then
+
+    def _watches_messages(self) -> bool:
+        """Whether any message topic is watched, its cursor anchored: what _keep_chains keeps."""
+        return any(t.source is None and t.cursor is not None for t in self._topics.values())
 
     # -- tasks ------------------------------------------------------------------------
     def _spawn(self, coro: Awaitable[None], name: str) -> asyncio.Task[None]:

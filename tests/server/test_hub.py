@@ -11,13 +11,14 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import pytest
 
 from livepush.errors import ConfigError, DependencyError
 from livepush.fanout.base import HISTORY_PAGE, FanOut, History
 from livepush.fanout.local import LocalFanOut, _new_epoch
-from livepush.server.hub import Hub
+from livepush.server.hub import KEEP_NEW_SECONDS, Hub
 from livepush.types import Message, Receiver
 from tests.support.fanouts import WAIT
 from tests.support.waiting import async_wait_for
@@ -403,6 +404,30 @@ async def test_a_subscriber_live_before_a_topics_first_message_gets_it_past_the_
         await async_wait_for(lambda: len(sub.frames) > 1, WAIT, message="an answer to the first message")
         await settle()
         assert [(f["op"], f.get("offset")) for f in sub.frames[1:]] == [("message", first)]
+
+
+def keepers() -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if t.get_name() == "livepush-keep-chains"]
+
+
+async def test_the_task_that_keeps_the_watched_chains_ends_with_the_last_topic_watched_and_comes_back() -> None:
+    """The hub keeps the chains of the message topics watched while any is watched: once the last
+    subscriber leaves, that task ends (within KEEP_NEW_SECONDS), rather than wait out a quarter
+    of the fan-out's idle time (six hours) for nothing; a topic watched later starts it again, and
+    its chain is kept within KEEP_NEW_SECONDS."""
+    fanout, hub = await make()
+    try:
+        for round_no in range(2):
+            sub = Sub()
+            await hub.subscribe(sub, f"watched:{round_no}", None, 1)
+            await async_wait_for(lambda: len(keepers()) == 1, WAIT, message="the keeper to start")
+            await asyncio.sleep(KEEP_NEW_SECONDS + 0.2)  # its first keep, of the topic newly watched
+            hub.unsubscribe(sub, f"watched:{round_no}")
+            await async_wait_for(lambda: not keepers(), KEEP_NEW_SECONDS + WAIT,
+                                 message="the keeper to end once no topic is watched")
+            assert hub._keeping is None
+    finally:
+        await hub.aclose()
 
 
 async def test_duplicates_are_dropped_and_replay_meets_live_without_a_seam() -> None:
