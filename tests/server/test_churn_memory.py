@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import re
+import socket
 import gc
+import json
 import time
 import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -28,6 +30,8 @@ from livepush.server.app import PushServer
 from livepush.server.connection import Connection
 from livepush.server.hub import KEEP_NEW_SECONDS
 from tests.server.conftest import Served, start_served
+from tests.support import rawws
+from tests.support.http import upgrade_request
 from tests.support.waiting import async_wait_for
 from tests.support.wsclient import WSClient
 
@@ -256,10 +260,14 @@ async def test_clients_that_leave_mid_handshake_or_with_an_expired_session_leave
     await churned_back_to_idle(server, life)
 
 
+PINGS = b"".join(rawws.text(json.dumps({"op": "ping", "ref": n})) for n in range(600))
+
+
 async def test_clients_that_leave_in_the_middle_of_their_subscribes_leave_nothing_behind(churned: Served) -> None:
-    """Clients that send subscribes (fresh topics, a long replay from `since`, state topics) and
-    an unsubscribe of one of them while it is served, then drop the connection without waiting
-    for any answer, leave every structure at its idle size."""
+    """Clients that send subscribes (fresh topics, a long replay from `since`, state topics), an
+    unsubscribe of one of them while it is served, and some more frames than their budget allows,
+    then drop the connection without waiting for any answer, leave every structure at its idle
+    size."""
     server = churned.server
     shared = "churn:shared"
     offsets = [await churned.publish(shared, {"n": n, "pad": "x" * 2000}) for n in range(300)]
@@ -273,8 +281,52 @@ async def test_clients_that_leave_in_the_middle_of_their_subscribes_leave_nothin
         await client.send({"op": "subscribe", "topic": churned.sign(f"job:{20_000_000 + i}"), "since": None,
                            "ref": 3})
         await client.send({"op": "subscribe", "topic": f"churn:n-{i}", "since": "0-1", "ref": 4})
+        if i % 3 == 0:
+            # Frames past the connection's budget: the server holds them, reads no more, and
+            # arms a timer to serve them once the budget is back.
+            client.ws.transport.write(PINGS)
         if i % 2:
             await asyncio.sleep(0.01 * (i % 5))  # some get part of the way
         client.ws.transport.abort()
 
     await churned_back_to_idle(server, life)
+
+
+async def slow_client(port: int, topic: str) -> asyncio.StreamWriter:
+    """A client that subscribes to `topic`, then reads nothing more (a small receive buffer)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port)), 5)
+    reader, writer = await asyncio.open_connection(sock=sock)
+    writer.write(upgrade_request(port))
+    writer.write(rawws.text(json.dumps({"op": "subscribe", "topic": topic, "since": None, "ref": 1})))
+    await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    return writer
+
+
+async def test_slow_clients_handed_to_history_that_leave_leave_nothing_behind(churned: Served) -> None:
+    """Clients that stop reading while a burst larger than their share of a topic comes (the hub
+    reads on from history for each) and then drop their connections leave every structure at its
+    idle size."""
+    server = churned.server
+    topic = "churn:burst"
+    clients = 60
+
+    async def one_round(round_no: int) -> None:
+        writers = await asyncio.gather(*(slow_client(server.port, topic) for _ in range(clients)))
+        await async_wait_for(lambda: (t := server.hub._topics.get(topic)) is not None and len(t.subscribers) == clients,
+                             timeout=15, message="every slow client to be subscribed")
+        for n in range(24):
+            await churned.publish(topic, {"round": round_no, "n": n, "pad": "x" * 32 * 1024})
+        t = server.hub._topics[topic]
+        await async_wait_for(lambda: any(b.reading_on for b in t.joining.values()), timeout=15,
+                             message="a slow client to be read on for from history")
+        for writer in writers:
+            writer.transport.abort()
+
+    await one_round(0)
+    idle = await settled(server)
+    for round_no in range(1, 6):
+        await one_round(round_no)
+    assert_as_idle(idle, await until_idle(server, idle))
