@@ -59,7 +59,8 @@ class _ConnectFailures:
     """What a pool knows of its attempts to connect: the error of the last one while they fail
     (None once one succeeds), so that a caller whose wait ran out is told why; and a WARNING in
     livepush's words, saying the database and what to do, at the first failure of a run (at most
-    once a minute per pool name, should connections come and go). Not again while the run lasts:
+    once a minute per pool name, should connections come and go: a run that began within that
+    minute is said at its first failure past it). Not again while the run lasts:
     the listener says a long outage once a minute, and the calls that fail say what they failed;
     each of a process's pools saying it too made a minute's outage a dozen lines."""
 
@@ -70,17 +71,22 @@ class _ConnectFailures:
         self.name = name
         self.url = url
         self.last: BaseException | None = None
+        # Whether this run of failures was said: one that began within a minute of the last line
+        # is said once that minute is out, not kept quiet for as long as it lasts.
+        self._run_said = False
 
     def failed(self, exc: BaseException) -> None:
-        first, self.last = self.last is None, exc
+        self.last = exc
         now = time.monotonic()
-        if first and now - self._said.get(self.name, -self.EVERY) >= self.EVERY:
+        if not self._run_said and now - self._said.get(self.name, -self.EVERY) >= self.EVERY:
             self._said[self.name] = now
+            self._run_said = True
             log.warning("the Postgres pool %s cannot connect, trying again about every %g s (said once until it "
                         "connects): %s", self.name, RECONNECT_CAP, translate(self.url, exc))
 
     def connected(self) -> None:
         self.last = None
+        self._run_said = False
 
 
 class _QuietHandBacks(logging.Filter):

@@ -114,3 +114,27 @@ async def test_a_pool_that_cannot_connect_says_why_in_livepushs_words_and_never_
             f"until it connects): {translate(pg_url, pool.connect_failures.last or raised.value)}"], lines
     finally:
         await pools.aclose()
+
+
+def test_a_pool_that_fails_again_within_the_minute_of_its_last_line_says_it_once_the_minute_is_out(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Connections that come and go are said at most once a minute per pool; but a run of failures
+    that began within that minute is still said, at its first attempt once the minute is out, not
+    kept quiet for as long as it lasts (an hour of no connection slot, said by nothing else)."""
+    monkeypatch.setattr(pools_module._ConnectFailures, "_said", {})
+    caplog.set_level(logging.WARNING, logger="livepush.postgres.pools")
+    refused = psycopg.OperationalError("connection refused")
+    failures = pools_module._ConnectFailures("livepush-flapping-async", "postgresql://app@db.example:5432/app")
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "livepush-flapping-async" in r.getMessage()]
+
+    failures.failed(refused)
+    failures.connected()
+    failures.failed(refused)  # a new run within the minute: quiet for now
+    assert len(said()) == 1, said()
+    failures._said["livepush-flapping-async"] -= failures.EVERY  # the minute is out
+    failures.failed(refused)  # the same run's next attempt
+    assert len(said()) == 2 and "cannot reach Postgres at db.example:5432/app" in said()[1], said()
+    failures.failed(refused)
+    assert len(said()) == 2, "said again within the same run"
