@@ -157,6 +157,9 @@ def test_a_number_the_call_does_not_take_is_refused_in_one_short_typed_line(call
     assert len(message) < MAX_MESSAGE and "\n" not in message, message[:400]
     assert word in message, message
     assert "integer string conversion" not in message and "9" * 100 not in message, message[:400]
+    # A long int is named by its size, which reads as a number only where the value is quoted,
+    # never where its digits would stand ("wait= of an int of 1329 bits seconds").
+    assert " bits seconds" not in message, message
 
 
 @pytest.mark.parametrize(("value", "written"), [

@@ -88,8 +88,10 @@ def run_at(wait: Seconds | None, at: datetime | None) -> When:
         except OverflowError:
             when = None
         if when is None or when > LATEST_RUN_AT:
-            raise ArgumentValueError(f"wait= of {shown(wait, width=60)} seconds ends after {LATEST_RUN_AT.date().isoformat()} "
-                                     "in UTC, the latest run time livepush stores: pass a shorter delay")
+            # The value after "got", as every refusal: a long int's words ("an int of 1329 bits") read
+            # oddly where a count of seconds stands.
+            raise ArgumentValueError(f"wait= ends after {LATEST_RUN_AT.date().isoformat()} in UTC, the latest run time "
+                                     f"livepush stores: pass a shorter delay, got {shown(wait, width=60)}")
         return float(wait)
     return None
 

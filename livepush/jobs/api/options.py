@@ -109,5 +109,6 @@ def check_debounce(debounce: Any, key: str | None, wait: Any, at: datetime | Non
     if not debounce >= 0 or debounce == math.inf:  # `not >=` also catches NaN
         raise ArgumentValueError(f"debounce= must be zero or more seconds, a finite number, got {shown(debounce)}")
     if debounce > MAX_DEBOUNCE:
-        raise ArgumentValueError(f"debounce= of {shown(debounce)} seconds is more than a year: pass a shorter delay")
+        # The value after "got": a long int's words read oddly where a count of seconds stands.
+        raise ArgumentValueError(f"debounce= is more than a year: pass a shorter delay, got {shown(debounce)}")
     return float(debounce)
