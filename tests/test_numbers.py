@@ -21,7 +21,7 @@ from livepush import ArgumentTypeError, ArgumentValueError, ConfigError, Invalid
 from livepush.jobs.api.registry import Registry
 from livepush.jobs.durable.run import _seconds as durable_seconds
 from livepush.jobs.groups.context import SyncGroupContext
-from livepush.jobs.runtime.context import progress_value
+from livepush.jobs.runtime.context import LEFT_OUT, _sleep_left_out, progress_value
 from livepush.jobs.runtime.runtime import Runtime
 from livepush.jobs.workflows.runner import Flow
 from livepush.types import shown
@@ -176,3 +176,14 @@ def test_a_value_is_shown_in_a_refusal_by_its_repr_or_its_size(value: object, wr
     a longer int by its size; a value whose repr Python refuses to write by its type."""
     assert shown(value) == written
     assert shown("5", typed=True) == "str '5'"
+
+
+@pytest.mark.parametrize("value", [10**400, -(10**5000), math.inf, math.nan], ids=["10**400", "-10**5000", "inf", "nan"])
+def test_the_advice_of_a_sleep_left_incomplete_is_a_call_that_runs(value: object) -> None:
+    """ctx.sleep() given a lone number (or seconds without a name) is shown a call to write: the
+    seconds it was given only when they are a number Python can take as written, else 3600; never
+    a long int's size, nor nan or inf, as the code to type."""
+    for advice in (_sleep_left_out(value, LEFT_OUT), _sleep_left_out(LEFT_OUT, value)):
+        assert "ctx.sleep('nap', 3600)" in advice, advice
+    assert "ctx.sleep('nap', 90)" in _sleep_left_out(90, LEFT_OUT)
+    assert "ctx.sleep('nap', 90)" in _sleep_left_out(LEFT_OUT, 90)

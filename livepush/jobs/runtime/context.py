@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Never, Protocol, TypeVar, overload
 from ...postgres.text import storable_text
 from ...errors import ArgumentTypeError
 from ..errors import InvalidProgressError, InvalidResultError, JobCancelled, durable_call_refusal
-from ...types import Seconds, shown
+from ...types import Seconds, as_seconds, is_finite, shown
 from ..api.registry import JobRequest
 from ..durable.fingerprint import NO_INPUT
 from ..events.views import PROGRESS_INTERVAL
@@ -114,12 +114,23 @@ class _Required:
 LEFT_OUT: Any = _Required()
 
 
+def _seconds_written(value: Any) -> str:
+    """`value` as the seconds of the call the advice writes out, when that call would run (a
+    number from 0 up, of at most 128 bits, or a timedelta); else 3600: an int's size ("an int of
+    1329 bits"), nan or -5 written there is no call to copy, or one refused again."""
+    seconds = as_seconds(value)
+    if (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not is_finite(seconds)
+            or seconds < 0 or (isinstance(seconds, int) and seconds.bit_length() > 128)):
+        return "3600"
+    return repr(value)
+
+
 def _sleep_left_out(name: Any, seconds: Any) -> str:
     if name is LEFT_OUT:
-        given = "3600" if seconds is LEFT_OUT else shown(seconds, width=40)
+        given = "3600" if seconds is LEFT_OUT else _seconds_written(seconds)
         return f"ctx.sleep() takes a name, then the seconds: ctx.sleep('nap', {given})"
     if isinstance(name, (int, float, timedelta)) and not isinstance(name, bool):
-        return (f"ctx.sleep(name, seconds) takes a name first, then the seconds: ctx.sleep('nap', {shown(name, width=40)}) "
+        return (f"ctx.sleep(name, seconds) takes a name first, then the seconds: ctx.sleep('nap', {_seconds_written(name)}) "
                 f"for ctx.sleep({shown(name, width=40)})")
     if isinstance(name, str):
         return (f"ctx.sleep({shown(name, width=80)}) takes the seconds to sleep (or a timedelta) after its name: "
