@@ -748,6 +748,30 @@ async def test_a_reattempt_with_a_wait_it_cannot_take_fails_the_step_at_once(
     assert (step["error"] or "").startswith("ArgumentValueError: ctx.flow.reattempt(wait=) takes"), step["error"]
 
 
+async def test_a_reattempt_refused_in_a_task_of_the_step_fails_the_step_at_once(
+        flows_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same refusal from a task of an asyncio.TaskGroup in the step, which wraps it in an
+    exception group, still fails the step on its first attempt rather than spending its retries."""
+    monkeypatch.setattr(REGISTRY, "_functions", dict(REGISTRY._functions))
+    monkeypatch.setitem(WORKFLOWS, "t_bad_reattempt_in_task", None)
+    flow = jobs.workflow("t_bad_reattempt_in_task", queue="flows")
+
+    async def reattempt_badly(ctx: Any) -> None:
+        ctx.flow.reattempt(wait=-1)
+
+    @flow.step(max_attempts=3)
+    async def again(ctx: Any) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(reattempt_badly(ctx))
+
+    async with running():
+        run = await flow.astart()
+        done = await run_state(run.id, {"succeeded", "failed"})
+    step = done["steps"]["again"]
+    assert done["state"] == "failed" and step["attempt"] == 1, done
+    assert "ctx.flow.reattempt(wait=) takes" in (step["error"] or ""), step["error"]
+
+
 async def test_a_step_waiting_for_its_next_attempt_shows_running_and_a_parked_one_waiting(
         flows_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """`waiting` is a step whose job is parked (its batch, a signal, a durable ctx.sleep); a step
