@@ -10,6 +10,7 @@ import pytest
 from itsdangerous import Signer
 
 from livepush import InvalidTopic
+from livepush.fanout.base import plain_topic
 from livepush.topics import sign, state_topic_id, validate_topic, verify
 
 SECRETS = ["s" * 40]
@@ -108,3 +109,13 @@ def test_non_canonical_state_topic_ids_are_invalid(topic: str) -> None:
     with pytest.raises(InvalidTopic) as info:
         state_topic_id(topic)
     assert info.value.reason == "invalid_topic"
+
+
+@pytest.mark.parametrize("check", [validate_topic, plain_topic], ids=["validate_topic", "plain_topic"])
+def test_a_refused_topic_too_long_to_show_is_shown_cut_with_dots(check: object) -> None:
+    """A topic past 200 characters is shown cut, and marked so: shown whole-looking (its first 60
+    characters between quotes) it read as a valid topic that had been refused."""
+    with pytest.raises(InvalidTopic) as raised:
+        check("a" * 201)  # type: ignore[operator]
+    shown = str(raised.value).split(":")[0]
+    assert shown.endswith("...") and "a" * 40 in shown, str(raised.value)

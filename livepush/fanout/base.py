@@ -156,7 +156,10 @@ def plain_topic(topic: Any) -> Topic:
     with the others of its frame."""
     if isinstance(topic, str) and TOPIC_RE.fullmatch(topic):
         return topic
-    raise InvalidTopic(f"invalid topic {shown(topic[:60] if isinstance(topic, str) else topic, width=80)}: use 1 to 200 characters from A-Z a-z 0-9 _ . : / -")
+    # Cut before repr() (a topic may be megabytes), yet past the width, so shown() marks the cut:
+    # a topic cut to fit between quotes read as a valid one.
+    raise InvalidTopic(f"invalid topic {shown(topic[:100] if isinstance(topic, str) else topic, width=80)}: "
+                       "use 1 to 200 characters from A-Z a-z 0-9 _ . : / -")
 
 
 def encode_batch(messages: Iterable[tuple[Topic, JSON]]) -> list[tuple[Topic, str]]:
