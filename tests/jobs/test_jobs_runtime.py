@@ -1929,3 +1929,24 @@ async def test_a_fan_out_that_keeps_failing_is_said_once_a_minute_not_at_every_b
     said = [r.getMessage() for r in caplog.records if "could not publish runtime state" in r.getMessage()]
     assert sum(t.startswith("runtime:") for t in fanout.attempts) >= 6
     assert len(said) == 1 and "Connection refused" in said[0], said
+
+
+async def test_a_runtime_state_topic_refused_alone_leaves_the_other_published(jobs_db: str) -> None:
+    """A fan-out that refuses `runtime:<id>` alone (an ACL rule of that topic) still gets the
+    runtime's state on `runtimes`, which the operators' page of every runtime reads."""
+    from livepush.errors import ConfigError
+    from livepush.fanout.local import LocalFanOut
+
+    class RefusesOne(LocalFanOut):
+        published: list[str] = []
+
+        async def apublish(self, topic: str, data: object, *, conn: object = None) -> str:  # type: ignore[override]
+            if topic.startswith("runtime:"):
+                raise ConfigError("NOPERM this user has no permissions to access one of the channels")
+            self.published.append(topic)
+            return await super().apublish(topic, data)  # type: ignore[arg-type]
+
+    fanout = RefusesOne()
+    async with running(queues=["default"], publisher=fanout):
+        await async_wait_for(lambda: "runtimes" in fanout.published, 10.0,
+                             message="the runtime's state on runtimes, beside the refused runtime:<id>")

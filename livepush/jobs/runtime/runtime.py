@@ -862,9 +862,10 @@ class Runtime:
                                        "without it", event, topic, STATE_PUBLISH_TIMEOUT)
                 return  # the other topic goes the same way
             except Exception as exc:  # informative only: the runtime goes on
+                # The other topic is still tried: a refusal may be of this topic alone (an ACL
+                # rule), and a second failure of the minute is counted, not said.
                 reraise_if_cancelled()
                 self._failures.warning("could not publish runtime state %s on %s: %s", event, topic, exc)
-                return
 
     # -- cancel requests ------------------------------------------------------------------
     def _on_ready_ring(self, payload: str) -> None:
