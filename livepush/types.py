@@ -47,7 +47,8 @@ def shown(value: object, *, typed: bool = False, width: int = 60) -> str:
     past 128 bits (39 digits) its size ("an int of 1329 bits"): Python refuses to write an int of
     over 4,300 digits (a bare ValueError that names nothing), and a shorter one would still flood
     the message. An id past a bigint (2**70) is still written whole, as the caller can find it.
-    typed=True puts the value's type first ("str '5'"), which a long int's words already say.
+    typed=True puts the value's type first ("str '5'"), which a long int's words, and a repr such
+    as Decimal('1E+9'), already say.
     Every refusal that echoes an argument writes it through here."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
         return f"{'a negative' if value < 0 else 'an'} int of {value.bit_length()} bits"
@@ -61,7 +62,9 @@ def shown(value: object, *, typed: bool = False, width: int = 60) -> str:
             return f"a {type(value).__name__} too long to write"
     if len(text) > width:
         text = text[:max(width - 3, 1)] + "..."
-    return f"{type(value).__name__} {text}" if typed else text
+    if typed and not text.startswith(f"{type(value).__name__}("):  # Decimal('1E+9') names its type already
+        return f"{type(value).__name__} {text}"
+    return text
 
 
 @dataclass(frozen=True, slots=True)

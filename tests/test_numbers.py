@@ -176,6 +176,8 @@ def test_a_value_is_shown_in_a_refusal_by_its_repr_or_its_size(value: object, wr
     a longer int by its size; a value whose repr Python refuses to write by its type."""
     assert shown(value) == written
     assert shown("5", typed=True) == "str '5'"
+    # A repr that names its type already is not given it twice.
+    assert shown(Decimal("1E+9"), typed=True) == "Decimal('1E+9')"
 
 
 @pytest.mark.parametrize("value", [10**400, -(10**5000), math.inf, math.nan], ids=["10**400", "-10**5000", "inf", "nan"])
