@@ -92,7 +92,7 @@ def test_a_set_of_arguments_is_refused_as_having_no_order(args: object) -> None:
     swapped in some of them. A set (one of one element too, most often braces meant as a list)
     is refused, saying to pass a list; a set inside the arguments was refused already."""
     with pytest.raises(InvalidArgumentsError, match=r"^the job's arguments are a list or tuple of them .*"
-                       r"a set has no order: pass a list\), got (set|frozenset) "):
+                       r"a set has no order: pass a list\), got (set \{|frozenset\(\{)"):
         check_args(args)  # type: ignore[arg-type]
 
 
