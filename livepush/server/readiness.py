@@ -319,7 +319,7 @@ class Readiness:
             except ConfigError as exc:  # a grant or an ACL rule lacking (AclRefused): no outage, so said, once a minute
                 reraise_if_cancelled()
                 self.canary.refused = first_line(exc)
-                self._refused_since = self._refused_since if self._refused_since is not None else self.clock()
+                self._refusal_began()
                 self._refusals.warning("the readiness canary could not be published, so this server stays "
                                        "unready: %s", self.canary.refused)
             except Exception as exc:  # the fan-out is down: the canary stays unanswered
@@ -346,6 +346,11 @@ class Readiness:
             reraise_if_cancelled()
             await asyncio.sleep(self.every)
 
+    def _refusal_began(self) -> None:
+        """Mark when the canary was first refused, unless it is refused already."""
+        if self._refused_since is None:
+            self._refused_since = self.clock()
+
     async def _read_back(self, offset: Offset) -> bool:
         """Read the canary's topic from the canary's `offset` (at most one message: another
         server's canary), as a subscribe with history reads: a role refused that read (a grant
@@ -356,7 +361,7 @@ class Readiness:
         except ConfigError as exc:  # a privilege the role lacks: said as the publish's refusal is
             reraise_if_cancelled()
             self.canary.unread = first_line(exc)
-            self._refused_since = self._refused_since if self._refused_since is not None else self.clock()
+            self._refusal_began()
             self._refusals.warning("the readiness canary's topic could not be read from the history, so this server "
                                    "stays unready: %s", self.canary.unread)
             return False
